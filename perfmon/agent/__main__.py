@@ -1,0 +1,110 @@
+"""``python -m perfmon.agent [-m MODULE | SCRIPT] ARGS``: run a script under the agent.
+
+The script runs as ``__main__`` exactly as ``python SCRIPT ARGS`` would run it. Settings
+come from the environment (the launcher sets them): ``PERFMON_RUN_DIR``.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import traceback
+from types import TracebackType
+
+from perfmon.agent import bootstrap
+
+USAGE = "usage: python -m perfmon.agent [-m MODULE | SCRIPT] [ARGS...]"
+
+
+def _trim(tb: TracebackType | None) -> TracebackType | None:
+    """Drop perfmon's and runpy's own frames from the top of a traceback."""
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), os.path.abspath(bootstrap.__file__)}
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
+        tb = tb.tb_next
+    return tb
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    module = None
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            print(USAGE, file=sys.stderr)
+            return 2
+        module, rest = argv[1], argv[2:]
+        target = module
+    else:
+        script, rest = argv[0], argv[1:]
+        target = script
+        if not os.path.isfile(script):
+            print(f"perfmon: error: can't open file {script!r}: No such file", file=sys.stderr)
+            return 2
+        if not os.access(script, os.R_OK):
+            print(f"perfmon: error: can't read file {script!r}: Permission denied", file=sys.stderr)
+            return 2
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass
+
+    agent = bootstrap.start_agent(target, [target, *rest], module=module is not None)
+    exit_info: dict = {"code": 0, "signal": None, "exception": None, "traceback": None}
+    interrupted = False
+    try:
+        if module is not None:
+            sys.argv = [module, *rest]  # run_module replaces argv[0] with the module's file
+            sys.path[0] = os.getcwd()
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [script, *rest]
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            exit_info["code"] = 0
+        elif isinstance(code, int):
+            exit_info["code"] = code
+        else:
+            print(code, file=sys.stderr)
+            exit_info["code"] = 1
+    except KeyboardInterrupt as exc:
+        interrupted = True
+        exit_info.update(code=None, signal="SIGINT", exception="KeyboardInterrupt")
+        traceback.print_exception(type(exc), exc, _trim(exc.__traceback__))
+    except ImportError as exc:
+        if module is not None and getattr(exc, "name", None) == module.split(".")[0] and _trim(exc.__traceback__) is None:
+            print(f"perfmon: error: No module named {module!r}", file=sys.stderr)
+            exit_info.update(code=2, exception=f"ImportError: {exc}")
+        else:
+            exit_info.update(_exception_info(exc))
+    except BaseException as exc:  # noqa: BLE001 - report it exactly as python would
+        exit_info.update(_exception_info(exc))
+    finally:
+        bootstrap.finish_agent(agent, exit_info)
+    if interrupted:
+        # Die of SIGINT like python does, so the parent sees a signal exit (128+2).
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return int(exit_info["code"] or 0)
+
+
+def _exception_info(exc: BaseException) -> dict:
+    tb = _trim(exc.__traceback__)
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except Exception:  # noqa: BLE001
+        sys.stderr.write(text)
+    message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return {"code": 1, "exception": message[:500], "traceback": text[-20000:]}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

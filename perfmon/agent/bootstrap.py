@@ -1,0 +1,132 @@
+"""Starting and stopping the agent inside a process, and installing hooks once torch is imported.
+
+Hooks need torch, but importing torch before the user's script runs could change what the
+script sees (environment variables it sets before ``import torch``). So the hooks go in
+right after the script's own ``import torch`` completes, through a one-shot import hook.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from perfmon import _api, paths
+from perfmon.agent.runtime import Agent
+
+
+def _meta(target: str, argv: list[str], module: bool, run_dir: Path) -> dict[str, Any]:
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = None
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
+    return {
+        "script": target, "module": module, "argv": argv, "cwd": os.getcwd(), "pid": os.getpid(),
+        "start": time.time(), "run_dir": str(run_dir), "python": sys.executable,
+        "python_version": sys.version.split()[0], "torch": torch_version, "cuda": None,
+        "host": socket.gethostname(), "rank": int(rank) if rank and rank.isdigit() else None,
+    }
+
+
+def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | None:
+    """Create and start the agent; returns None (and says why) if it cannot start."""
+    run_dir = Path(os.environ.get("PERFMON_RUN_DIR") or paths.default_run_dir(target))
+    try:
+        agent = Agent(run_dir, _meta(target, argv, module, run_dir))
+        agent.start()
+    except Exception as exc:  # noqa: BLE001 - without an agent the script still runs
+        print(f"perfmon: agent could not start ({exc}); running the script unmonitored", file=sys.stderr)
+        return None
+    _api.set_agent(agent)
+    if "torch" in sys.modules:
+        install_hooks(agent)
+    else:
+        sys.meta_path.insert(0, _TorchImportHook(agent))
+    _install_sigterm(agent)
+    return agent
+
+
+def install_hooks(agent: Agent) -> None:
+    """Patch torch for auto-instrumentation; errors disable it, never the script."""
+    if agent.instrumentation is not None:
+        return
+    try:
+        from perfmon.agent.hooks import Instrumentation
+
+        inst = Instrumentation(agent.emit, agent.record_error)
+        inst.install()
+        agent.instrumentation = inst
+        torch = sys.modules["torch"]
+        agent.meta["torch"] = getattr(torch, "__version__", agent.meta.get("torch"))
+    except Exception as exc:  # noqa: BLE001
+        agent.record_error("hooks", exc)
+        print(f"perfmon: could not instrument torch ({exc}); use perfmon.step() to mark steps", file=sys.stderr)
+
+
+class _TorchImportHook(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps torch's loader so hooks install right after ``import torch``."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        agent = self.agent
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original(module)
+            install_hooks(agent)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _install_sigterm(agent: Agent) -> None:
+    """On SIGTERM (when the script installs no handler of its own) record the exit, then die of it."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        finish_agent(agent, {"code": None, "signal": "SIGTERM", "exception": None, "traceback": None})
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        pass
+
+
+def finish_agent(agent: Agent | None, exit_info: dict[str, Any]) -> None:
+    """Flush, record the exit and close; safe to call twice."""
+    if agent is None or getattr(agent, "_finished", False):
+        return
+    agent._finished = True  # type: ignore[attr-defined]
+    try:
+        if agent.instrumentation is not None:
+            agent.instrumentation.uninstall()
+        agent.finish(exit_info)
+    except Exception as exc:  # noqa: BLE001
+        print(f"perfmon: agent shutdown error: {exc}", file=sys.stderr)
+    _api.set_agent(None)

@@ -1,0 +1,222 @@
+"""The in-process agent: hot-path event buffer, step tracker, publisher thread, socket, recording.
+
+The training thread only appends to a deque. A daemon thread drains it every ``tick``
+seconds, turns events into step records, writes them to the recording and then to every
+attached monitor. Nothing here raises into training: errors are counted and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from perfmon import paths, protocol
+from perfmon.agent.cuda_timing import CudaResolver
+from perfmon.agent.recorder import Recorder
+from perfmon.agent.server import Server
+from perfmon.agent.steps import StepRecord, StepTracker
+from perfmon.state import RunState
+
+#: Raw events kept if the publisher falls behind (oldest dropped beyond this).
+EVENT_BUFFER = 500_000
+
+
+class Agent:
+    """One per training process."""
+
+    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = 0.1) -> None:
+        self.run_dir = run_dir
+        self.meta = meta
+        self.tick = tick
+        self.events: deque[tuple[int, float, Any, Any]] = deque(maxlen=EVENT_BUFFER)
+        self.cuda_marks = False
+        self.enabled = True
+        self.errors: dict[str, int] = {}
+        self.error_messages: list[str] = []
+        self.tracker = StepTracker()
+        self.cuda = CudaResolver()
+        self.state = RunState()  # the agent folds its own stream for summary.json
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._clock_offset = time.time() - time.perf_counter()
+        self._warned_recording = False
+        self.recorder = Recorder(run_dir)
+        self.server: Server | None = None
+        self.instrumentation: Any = None
+        self._cuda_event: Callable[[], Any] | None = None
+        self.pid = os.getpid()
+
+    # -- hot path ------------------------------------------------------------------------
+    def emit(self, code: int, arg: Any = None) -> None:
+        """Record one raw event. Called from hooks on the training thread: keep it trivial."""
+        if self.enabled:
+            mark = self._cuda_event() if self.cuda_marks and self._cuda_event else None
+            self.events.append((code, time.perf_counter(), arg, mark))
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self.publish(protocol.message("hello", **self.meta))
+        self._report_recording_error()
+        try:
+            self.server = Server(
+                paths.socket_path(self.pid), self._greeting, self._on_command, self._lock, self.record_error
+            )
+            self.server.start()
+            self._write_discovery()
+        except Exception as exc:  # noqa: BLE001 - no socket: training goes on, recording still works
+            self.record_error("socket", exc)
+            self.server = None
+        self._thread = threading.Thread(target=self._run, name="perfmon-agent", daemon=True)
+        self._thread.start()
+        os.register_at_fork(after_in_child=self._after_fork_child)
+
+    def _after_fork_child(self) -> None:
+        # DataLoader workers forked from the trainer inherit the patches; they must stay silent.
+        self.enabled = False
+        self.events = deque(maxlen=1)
+
+    def finish(self, exit_info: dict[str, Any]) -> None:
+        """Flush everything, record the exit, write summary.json, close the socket."""
+        self.enabled = False
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        self._flush(final=True)
+        self.publish(protocol.message("event", kind="exit", t=time.time(), **exit_info, agent_errors=self.errors))
+        self.write_summary()
+        if self.server is not None:
+            self.server.close()
+        self.recorder.close()
+        try:
+            paths.discovery_path(self.pid).unlink(missing_ok=True)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def write_summary(self) -> None:
+        from perfmon.report import build_summary
+
+        try:
+            self.recorder.write_json("summary.json", build_summary(self.state))
+        except Exception as exc:  # noqa: BLE001
+            self.record_error("summary", exc)
+
+    # -- publishing ------------------------------------------------------------------------
+    def publish(self, msg: dict[str, Any]) -> None:
+        """Number, record, then broadcast one message (the file always leads the socket)."""
+        with self._lock:
+            self._seq += 1
+            msg["seq"] = self._seq
+            data = protocol.encode(msg)
+            self.recorder.write(data)
+            if self.server is not None:
+                self.server.broadcast(data)
+            self.state.apply(msg)
+        self._report_recording_error()
+
+    def _greeting(self) -> bytes:
+        hello = protocol.message("hello", **self.meta, live_seq=self._seq)
+        return protocol.encode(hello)
+
+    def _on_command(self, msg: dict[str, Any], reply: Callable[[bytes], None]) -> None:
+        result = protocol.message(
+            "event", kind="command_result", name=msg.get("name"), id=msg.get("id"), ok=False,
+            error="not supported by this agent yet",
+        )
+        reply(protocol.encode(result))
+
+    def _report_recording_error(self) -> None:
+        if self.recorder.error and not self._warned_recording:
+            self._warned_recording = True
+            print(f"perfmon: {self.recorder.error}", file=sys.__stderr__, flush=True)
+            self.errors["recording"] = self.errors.get("recording", 0) + 1
+            if self.server is not None:
+                warn = protocol.message("event", kind="warning", message=self.recorder.error, seq=self._seq)
+                self.server.broadcast(protocol.encode(warn))
+
+    def record_error(self, where: str, exc: BaseException) -> None:
+        """Count an internal error; keep the first few messages. Never raises."""
+        self.errors[where] = self.errors.get(where, 0) + 1
+        if len(self.error_messages) < 20:
+            self.error_messages.append(f"{where}: {type(exc).__name__}: {exc}")
+
+    # -- publisher thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick):
+            try:
+                self._poll_cuda()
+                self._flush()
+            except Exception as exc:  # noqa: BLE001 - the publisher must survive anything
+                self.record_error("publisher", exc)
+
+    def _poll_cuda(self) -> None:
+        if self._cuda_event is not None or self.instrumentation is None:
+            return  # torch not (fully) imported yet, or already timing on CUDA
+        torch = sys.modules["torch"]
+        try:
+            if self.meta.get("cuda") is None:
+                self.meta["cuda"] = bool(torch.cuda.is_available())
+                self.publish(protocol.message("hello", **self.meta))
+            if torch.cuda.is_initialized():
+                self._cuda_event = self.cuda.make_event
+                self.cuda_marks = True
+        except Exception as exc:  # noqa: BLE001
+            self.record_error("cuda", exc)
+            self._cuda_event = lambda: None
+
+    def _flush(self, final: bool = False) -> None:
+        records: list[StepRecord] = []
+        events = self.events
+        feed = self.tracker.feed
+        while events:
+            code, t, arg, mark = events.popleft()
+            rec = feed(code, t, arg, mark)
+            if rec is not None:
+                records.append(rec)
+        ready = self.cuda.resolve(records, final=final)
+        if ready:
+            self._publish_steps(ready)
+
+    def _publish_steps(self, records: list[tuple[StepRecord, dict[str, float] | None]]) -> None:
+        off = self._clock_offset
+        with_dev = any(dev for _, dev in records)
+        fields = list(protocol.STEP_FIELDS) + (["dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"] if with_dev else [])
+        rows = []
+        for rec, dev in records:
+            ph = rec.phases
+            row = [
+                rec.index, round(rec.end + off, 6), _ms(rec.duration), _ms(ph["data"]), _ms(ph["forward"]),
+                _ms(ph["backward"]), _ms(ph["optimizer"]), _ms(rec.other), rec.samples,
+            ]
+            if with_dev:
+                dev = dev or {}
+                row += [dev.get("forward"), dev.get("backward"), dev.get("optimizer")]
+            rows.append(row)
+        self.publish(protocol.message("steps", fields=fields, rows=rows))
+
+    # -- discovery ---------------------------------------------------------------------------
+    def _write_discovery(self) -> None:
+        info = {
+            "pid": self.pid, "script": self.meta.get("script"), "argv": self.meta.get("argv"),
+            "start": self.meta.get("start"), "rank": self.meta.get("rank"),
+            "socket": str(paths.socket_path(self.pid)), "run_dir": str(self.run_dir),
+            "protocol": protocol.VERSION, "host": socket.gethostname(),
+        }
+        path = paths.discovery_path(self.pid)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 4)

@@ -1,0 +1,259 @@
+"""The agent's Unix socket: any number of monitors attach, read the stream, send commands.
+
+One daemon thread runs a selector loop. Writes never block the caller: each client has a
+bounded outbound buffer; a monitor that does not read (frozen, stopped) has lines dropped
+and counted, and recovers the gap from the recording (lines carry ``seq``).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from perfmon import protocol
+
+#: Per-client outbound buffer limit; beyond it, lines are dropped for that client.
+CLIENT_BUFFER = 8 * 1024 * 1024
+
+
+class _Client:
+    __slots__ = ("sock", "out", "inbuf", "dropped", "peer_pid")
+
+    def __init__(self, sock: socket.socket, peer_pid: int | None) -> None:
+        self.sock = sock
+        self.out = bytearray()
+        self.inbuf = bytearray()
+        self.dropped = 0
+        self.peer_pid = peer_pid
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of a Unix socket peer on Linux, else None."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
+        return struct.unpack("3i", raw)
+    except OSError:
+        return None
+
+
+class Server:
+    """Serves ``path``; ``greeting()`` gives the first bytes a new client reads.
+
+    ``lock`` is held while a client is registered and its greeting queued, so a publisher
+    holding the same lock never sends a client a line older than its greeting.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        greeting: Callable[[], bytes],
+        on_command: Callable[[dict[str, Any], Callable[[bytes], None]], None],
+        lock: threading.Lock,
+        on_error: Callable[[str, BaseException], None],
+    ) -> None:
+        self.path = path
+        self._greeting = greeting
+        self._on_command = on_command
+        self._lock = lock
+        self._on_error = on_error
+        self._clients: dict[int, _Client] = {}
+        self._clients_lock = threading.Lock()
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._stop = False
+        self._listener: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self.refused = 0
+        self.bad_lines = 0
+
+    @property
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    def start(self) -> None:
+        self.path.unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket is born 0600: no window where others may connect
+        try:
+            listener.bind(str(self.path))
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        listener.listen(16)
+        listener.setblocking(False)
+        self._listener = listener
+        self._sel.register(listener, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._loop, name="perfmon-server", daemon=True)
+        self._thread.start()
+
+    def broadcast(self, data: bytes) -> None:
+        """Queue ``data`` for every client (caller holds ``lock``)."""
+        with self._clients_lock:
+            for client in self._clients.values():
+                if len(client.out) + len(data) > CLIENT_BUFFER:
+                    client.dropped += 1
+                else:
+                    client.out += data
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self) -> None:
+        """Flush what clients can take within a moment, then close everything."""
+        self._stop = True
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        with self._clients_lock:
+            for client in self._clients.values():
+                _close_quietly(client.sock)
+            self._clients.clear()
+        if self._listener is not None:
+            _close_quietly(self._listener)
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+    # -- loop ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._update_interest()
+                events = self._sel.select(timeout=0.5)
+                for key, mask in events:
+                    self._handle(key, mask)
+                if self._stop and not any(c.out for c in self._clients.values()):
+                    return
+            except Exception as exc:  # noqa: BLE001 - the server must never die silently
+                self._on_error("server", exc)
+                if self._stop:
+                    return
+
+    def _update_interest(self) -> None:
+        with self._clients_lock:
+            for fd, client in self._clients.items():
+                want = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
+                if self._sel.get_key(fd).events != want:
+                    self._sel.modify(client.sock, want, fd)
+
+    def _handle(self, key: selectors.SelectorKey, mask: int) -> None:
+        if key.data == "accept":
+            self._accept()
+        elif key.data == "wake":
+            try:
+                while self._wake_r.recv(4096):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+        else:
+            client = self._clients.get(key.data)
+            if client is None:
+                return
+            if mask & selectors.EVENT_READ:
+                self._read(key.data, client)
+            if mask & selectors.EVENT_WRITE and key.data in self._clients:
+                self._write(key.data, client)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self._listener.accept()  # type: ignore[union-attr]
+        except (BlockingIOError, OSError):
+            return
+        creds = peer_credentials(sock)
+        if creds is not None and creds[1] != os.getuid():
+            self.refused += 1
+            _close_quietly(sock)
+            return
+        sock.setblocking(False)
+        client = _Client(sock, creds[0] if creds else None)
+        fd = sock.fileno()
+        with self._lock:  # no publish can slip between the greeting and registration
+            client.out += self._greeting()
+            with self._clients_lock:
+                self._clients[fd] = client
+        self._sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, fd)
+
+    def _drop(self, fd: int, client: _Client) -> None:
+        with self._clients_lock:
+            self._clients.pop(fd, None)
+        try:
+            self._sel.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        _close_quietly(client.sock)
+
+    def _write(self, fd: int, client: _Client) -> None:
+        with self._clients_lock:
+            data = bytes(client.out[: 1 << 20])
+        try:
+            n = client.sock.send(data)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._drop(fd, client)
+            return
+        with self._clients_lock:
+            del client.out[:n]
+
+    def _read(self, fd: int, client: _Client) -> None:
+        try:
+            chunk = client.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(fd, client)
+            return
+        client.inbuf += chunk
+        while b"\n" in client.inbuf:
+            line, _, rest = bytes(client.inbuf).partition(b"\n")
+            client.inbuf = bytearray(rest)
+            self._command(line, client)
+        if len(client.inbuf) > protocol.MAX_LINE:
+            self.bad_lines += 1
+            client.inbuf.clear()
+
+    def _command(self, line: bytes, client: _Client) -> None:
+        try:
+            msg = protocol.decode_command(line)
+        except protocol.DecodeError as exc:
+            self.bad_lines += 1
+            reply = protocol.message("event", kind="command_result", ok=False, error=str(exc))
+            self._reply(client, protocol.encode(reply))
+            return
+
+        def reply(data: bytes) -> None:
+            self._reply(client, data)
+
+        self._on_command(msg, reply)
+
+    def _reply(self, client: _Client, data: bytes) -> None:
+        with self._clients_lock:
+            if len(client.out) + len(data) <= CLIENT_BUFFER:
+                client.out += data
+        self._wake()
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass

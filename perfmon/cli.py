@@ -1,0 +1,110 @@
+"""Command line: argument parsing and dispatch only.
+
+    perfmon [OPTIONS] SCRIPT [ARGS...]       dashboard of a training script
+    perfmon [OPTIONS] -m MODULE [ARGS...]    like python -m
+    perfmon report RUN_DIR [--json]          summary of a recording
+
+Options come before the script; everything after it goes to the script untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from perfmon import __version__
+
+SUBCOMMANDS = ("report",)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors in one line (exit 2), without the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"perfmon: error: {message} (see perfmon --help)\n")
+
+
+def _run_parser() -> _Parser:
+    p = _Parser(
+        prog="perfmon",
+        description="Live performance monitor for PyTorch training, in the terminal.",
+        usage="perfmon [OPTIONS] SCRIPT [ARGS...] | perfmon [OPTIONS] -m MODULE [ARGS...] | perfmon report RUN [--json]",
+        epilog="Options come before the script; everything after the script is passed to it untouched.",
+    )
+    p.add_argument("--headless", action="store_true", help="no dashboard: script output on stdout, status lines on stderr")
+    p.add_argument("--interval", type=float, default=10.0, metavar="S", help="headless status line period (default 10 s)")
+    p.add_argument("--run-dir", type=Path, metavar="DIR", help="recording dir (default ./perfmon-runs/<time>-<script>/)")
+    p.add_argument("--python", metavar="EXE", help="interpreter for the job (must have perfmon and torch installed)")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script, like python -m")
+    p.add_argument("--version", action="version", version=f"perfmon {__version__}")
+    return p
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Options of perfmon vs the script and its arguments: the first bare word (or -m X) splits them."""
+    takes_value = {"--interval", "--run-dir", "--python"}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return argv[:i], argv[i + 1 :]
+        if arg == "-m":
+            return argv[: i + 2], argv[i + 2 :]
+        if arg.startswith("-m") and len(arg) > 2 and not arg.startswith("--"):
+            return argv[: i + 1], argv[i + 1 :]
+        if not arg.startswith("-"):
+            return argv[:i], argv[i:]
+        if arg in takes_value:
+            i += 1
+        i += 1
+    return argv, []
+
+
+def _report(argv: list[str]) -> int:
+    from perfmon.report import ReportError, report_main
+
+    p = _Parser(prog="perfmon report", description="Summary of a recorded run.")
+    p.add_argument("run_dir", type=Path, help="a run directory (holds events.jsonl)")
+    p.add_argument("--json", action="store_true", help="machine-readable JSON (schema in README)")
+    args = p.parse_args(argv)
+    try:
+        return report_main(args.run_dir, args.json)
+    except ReportError as exc:
+        print(f"perfmon: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "report":
+        return _report(argv[1:])
+    opts, rest = _split(argv)
+    args = _run_parser().parse_args(opts)
+    if args.module is None and not rest:
+        _run_parser().error("no script given")
+    from perfmon.launch import LaunchError, Target, TrainingProcess, check_target
+    from perfmon.paths import default_run_dir
+
+    target = Target(script=None if args.module else rest[0], module=args.module, args=rest if args.module else rest[1:])
+    if args.interval <= 0:
+        _run_parser().error("--interval must be positive")
+    try:
+        check_target(target, args.python)
+        run_dir = args.run_dir or default_run_dir(target.name)
+        proc = TrainingProcess(target, run_dir, args.python).start()
+    except LaunchError as exc:
+        print(f"perfmon: error: {exc}", file=sys.stderr)
+        return 2
+    if args.headless:
+        from perfmon.headless import run_headless
+
+        return run_headless(proc, args.interval)
+    from perfmon.monitor import run_dashboard
+
+    return run_dashboard(proc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

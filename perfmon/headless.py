@@ -1,0 +1,111 @@
+"""``perfmon --headless``: what nohup, Slurm and CI logs hold.
+
+The script's output passes through to stdout as it comes, a status line goes to stderr
+every ``interval`` seconds, and a summary table at exit. Same state, same numbers as the
+dashboard.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from perfmon.launch import TrainingProcess, exit_status, finalize_recording
+from perfmon.report import format_summary, status_line
+from perfmon.sources import LiveSource, ReplaySource, Source, wait_for_socket
+from perfmon.state import RunState
+
+
+class LogTail:
+    """Copies new bytes of a growing file to a stream, whole lines at a time."""
+
+    def __init__(self, path: Path, out: BinaryIO) -> None:
+        self.path = path
+        self.out = out
+        self.offset = 0
+
+    def pump(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return 0
+        if data:
+            self.offset += len(data)
+            try:
+                self.out.write(data)
+                self.out.flush()
+            except (OSError, ValueError):
+                pass
+        return len(data)
+
+
+def follow(source: Source, state: RunState, lock: threading.Lock) -> threading.Thread:
+    """Fold ``source`` into ``state`` on a daemon thread."""
+
+    def run() -> None:
+        try:
+            for msg in source.messages():
+                with lock:
+                    state.apply(msg)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=run, name="perfmon-follow", daemon=True)
+    thread.start()
+    return thread
+
+
+def connect(proc: TrainingProcess) -> Source:
+    """The live socket once the agent listens; the recording if the agent never does."""
+    if wait_for_socket(proc.socket_path, proc.alive):
+        source = LiveSource(proc.socket_path, proc.run_dir)
+        try:
+            source.connect()
+            return source
+        except OSError:
+            pass
+    return ReplaySource(proc.run_dir, follow=True)
+
+
+def run_headless(proc: TrainingProcess, interval: float, err: Any = None) -> int:
+    err = err or sys.stderr
+    state = RunState()
+    lock = threading.Lock()
+    tail = LogTail(proc.run_dir / "output.log", sys.stdout.buffer)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def forward(signum: int, frame: Any) -> None:
+        proc.stop()  # Ctrl-C stops the job, as it would without perfmon; the monitor waits for it
+
+    for s in previous:
+        signal.signal(s, forward)
+    try:
+        source = connect(proc)
+        follower = follow(source, state, lock)
+        next_status = time.monotonic() + interval
+        while proc.alive():
+            tail.pump()
+            if time.monotonic() >= next_status:
+                with lock:
+                    line = status_line(state)
+                print(line, file=err, flush=True)
+                next_status += interval
+            time.sleep(0.1)
+        returncode = proc.wait()
+        if isinstance(source, ReplaySource):
+            source.close()
+        follower.join(timeout=10.0)
+        tail.pump()
+        with lock:
+            finalize_recording(proc.run_dir, state, returncode)
+            print(format_summary(state), file=err, flush=True)
+        return exit_status(returncode)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,160 @@
+"""Starting the training process under the agent, and ending it on the user's word.
+
+The job runs in its own session (a terminal hang-up does not reach it), stdout and stderr
+go to ``RUN/output.log``, stdin is /dev/null. The monitor is only a reader: if it dies,
+the job goes on and its recording stays complete.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfmon import paths, protocol
+from perfmon.state import RunState
+
+
+class LaunchError(Exception):
+    """Bad target or options: one line for the user, exit status 2."""
+
+
+@dataclass
+class Target:
+    script: str | None
+    module: str | None
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.module or self.script or "run"
+
+    def agent_argv(self) -> list[str]:
+        head = ["-m", self.module] if self.module else [self.script or ""]
+        return [*head, *self.args]
+
+
+def check_target(target: Target, python: str | None) -> None:
+    """Fail early, with one clear line, on a missing or unreadable script or module."""
+    if target.script is not None:
+        path = Path(target.script)
+        if not path.exists():
+            raise LaunchError(f"can't open file '{target.script}': No such file or directory")
+        if path.is_dir():
+            raise LaunchError(f"'{target.script}' is a directory, not a Python script")
+        if not os.access(path, os.R_OK):
+            raise LaunchError(f"can't read file '{target.script}': Permission denied")
+    elif target.module is not None and python is None:
+        top = target.module.split(".")[0]
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise LaunchError(f"No module named '{top}'")
+
+
+class TrainingProcess:
+    """The launched job: ``python -m perfmon.agent TARGET ARGS`` in its own session."""
+
+    def __init__(self, target: Target, run_dir: Path, python: str | None = None) -> None:
+        self.target = target
+        self.run_dir = run_dir
+        self.python = python or sys.executable
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.returncode: int | None = None
+        self._stops = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    @property
+    def socket_path(self) -> Path:
+        return paths.socket_path(self.pid)
+
+    def start(self) -> TrainingProcess:
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            log = open(self.run_dir / "output.log", "ab")
+        except OSError as exc:
+            raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
+        env = dict(os.environ, PERFMON_RUN_DIR=str(self.run_dir.resolve()), KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"))
+        try:
+            self.popen = subprocess.Popen(
+                [self.python, "-m", "perfmon.agent", *self.target.agent_argv()],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env=env,
+            )
+        except OSError as exc:
+            raise LaunchError(f"cannot start {self.python}: {exc.strerror or exc}") from None
+        finally:
+            log.close()
+        return self
+
+    def poll(self) -> int | None:
+        if self.popen is None:
+            return None
+        rc = self.popen.poll()
+        if rc is not None:
+            self.returncode = rc
+        return rc
+
+    def wait(self) -> int:
+        assert self.popen is not None
+        self.returncode = self.popen.wait()
+        return self.returncode
+
+    def alive(self) -> bool:
+        return self.poll() is None
+
+    def stop(self) -> None:
+        """Ask the job to stop: SIGINT first (KeyboardInterrupt), then SIGTERM, then SIGKILL."""
+        sig = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(self._stops, 2)]
+        self._stops += 1
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def exit_status(returncode: int) -> int:
+    """Shell convention: a signal N becomes 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def finalize_recording(run_dir: Path, state: RunState, returncode: int) -> None:
+    """If the agent died without recording its exit (SIGKILL, os._exit), record it for it."""
+    agent_recorded = state.exit is not None
+    state.process_exited(returncode)
+    if agent_recorded or state.exit is None:
+        return
+    msg = protocol.message(
+        "event", kind="exit", seq=state.last_seq + 1, t=time.time(), code=state.exit.code,
+        signal=state.exit.signal, exception=None, traceback=None, recorded_by="monitor",
+    )
+    try:
+        with open(run_dir / "events.jsonl", "ab") as f:
+            f.write(b"\n" if _ends_mid_line(run_dir / "events.jsonl") else b"")
+            f.write(protocol.encode(msg))
+        from perfmon.report import build_summary
+
+        (run_dir / "summary.json").write_text(json.dumps(build_summary(state), indent=2) + "\n")
+    except OSError:
+        pass
+
+
+def _ends_mid_line(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False

@@ -1,0 +1,100 @@
+"""Wire format shared by the agent, the recording and the monitor.
+
+Newline-delimited JSON objects, each with ``"v"`` (protocol version) and ``"type"``.
+Nothing here does I/O; nothing that crosses the socket is ever executed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from typing import Any
+
+VERSION = 1
+
+#: Longest line accepted from a socket or a recording; longer ones are skipped.
+MAX_LINE = 4 * 1024 * 1024
+
+#: Agent -> monitor (and recording) message types.
+AGENT_TYPES = frozenset({"hello", "steps", "sample", "profile", "model", "log", "event"})
+#: Monitor -> agent commands. Anything else is refused.
+COMMANDS = frozenset({"profile", "empty_cache", "count_flops", "memory_snapshot", "export"})
+
+PHASES = ("data", "forward", "backward", "optimizer")
+ALL_PHASES = (*PHASES, "other")
+
+#: Column order of a row in a ``steps`` message.
+STEP_FIELDS = ("i", "t", "dur_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms", "samples")
+
+
+class DecodeError(ValueError):
+    """A line that is not a valid message."""
+
+
+def _clean(obj: Any) -> Any:
+    """Replace non-finite floats (not valid JSON) with None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def message(type_: str, **fields: Any) -> dict[str, Any]:
+    """Build a message dict with version and type."""
+    return {"v": VERSION, "type": type_, **fields}
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """One message as one JSON line (UTF-8, newline-terminated)."""
+    try:
+        text = json.dumps(msg, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_clean(msg), separators=(",", ":"), allow_nan=False)
+    return text.encode() + b"\n"
+
+
+def decode(line: bytes | str, allowed: Iterable[str] = AGENT_TYPES) -> dict[str, Any]:
+    """Parse one line into a message, or raise :class:`DecodeError` saying why."""
+    if len(line) > MAX_LINE:
+        raise DecodeError(f"line of {len(line)} bytes is over the {MAX_LINE} byte limit")
+    try:
+        msg = json.loads(line)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DecodeError(f"not JSON: {exc}") from None
+    if not isinstance(msg, dict):
+        raise DecodeError("not a JSON object")
+    v = msg.get("v")
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise DecodeError("missing protocol version")
+    if v > VERSION:
+        raise DecodeError(f"protocol version {v} is newer than this perfmon ({VERSION})")
+    t = msg.get("type")
+    if not isinstance(t, str) or t not in allowed:
+        raise DecodeError(f"unknown message type {t!r}")
+    return msg
+
+
+def decode_command(line: bytes | str) -> dict[str, Any]:
+    """Parse a monitor -> agent line; only whitelisted commands pass."""
+    msg = decode(line, allowed=("command",))
+    name = msg.get("name")
+    if name not in COMMANDS:
+        raise DecodeError(f"command {name!r} is not allowed")
+    return msg
+
+
+def step_rows_to_dicts(msg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of a ``steps`` message as dicts keyed by its ``fields``; bad rows are dropped."""
+    fields = msg.get("fields", STEP_FIELDS)
+    rows = msg.get("rows")
+    if not isinstance(fields, list | tuple) or not isinstance(rows, list):
+        return []
+    out = []
+    for row in rows:
+        if isinstance(row, list) and len(row) == len(fields):
+            out.append(dict(zip(fields, row, strict=True)))
+    return out

@@ -1,0 +1,161 @@
+"""Summaries of a run: the report JSON (schema 1), the headless status line and summary table.
+
+Everything is computed from a :class:`~perfmon.state.RunState`, so a live run, a finished
+recording and a partial one (a killed job) report the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from perfmon.protocol import ALL_PHASES
+from perfmon.sources import ReplaySource
+from perfmon.state import RunState
+
+SCHEMA = 1
+_SHORT = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
+
+
+class ReportError(Exception):
+    """A run dir that cannot be reported on; the message is for the user."""
+
+
+def load_recording(run_dir: Path) -> RunState:
+    """Replay ``run_dir/events.jsonl`` into a fresh state."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ReportError(f"{run_dir}: no such run directory")
+    events = run_dir / "events.jsonl"
+    if not events.is_file():
+        raise ReportError(f"{run_dir}: no recording (events.jsonl) in this directory")
+    state = RunState()
+    source = ReplaySource(run_dir)
+    for msg in source.messages():
+        state.apply(msg)
+    state.skipped += source.skipped
+    if not state.meta:
+        newer = [e for e in source.reader.errors if "newer" in e]
+        if newer:
+            raise ReportError(f"{run_dir}: {newer[0]}; upgrade perfmon to read it")
+        raise ReportError(f"{run_dir}: events.jsonl holds no perfmon recording")
+    return state
+
+
+def _round(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def build_summary(state: RunState) -> dict[str, Any]:
+    """The stable report JSON; see README "Report JSON"."""
+    phases = state.phase_stats(recent=False)
+    shares = {p: phases[p]["share"] or 0.0 for p in ALL_PHASES}
+    total_share = sum(shares.values())
+    exit_info = state.exit
+    meta = state.meta
+    return {
+        "schema": SCHEMA,
+        "script": meta.get("script"),
+        "argv": list(meta.get("argv") or []),
+        "exit_code": state.exit_status if exit_info is not None else None,
+        "signal": exit_info.signal if exit_info else None,
+        "exception": exit_info.exception if exit_info else None,
+        "complete": exit_info is not None,
+        "steps": state.steps,
+        "elapsed_s": round(state.elapsed(), 3),
+        "steps_per_s": _round(state.steps_per_s(recent=False)) or 0.0,
+        "samples_per_s": _round(state.samples_per_s(recent=False), 2),
+        "phases": {
+            p: {
+                "mean_ms": _round(phases[p]["mean_ms"]) or 0.0,
+                "p50_ms": _round(phases[p]["p50_ms"]) or 0.0,
+                "p95_ms": _round(phases[p]["p95_ms"]) or 0.0,
+                # normalised so the shares add up to 1 exactly as documented
+                "share": round(shares[p] / total_share, 6) if total_share > 0 else 0.0,
+            }
+            for p in ALL_PHASES
+        },
+        "step_ms": {k: _round(v) for k, v in phases["step"].items() if k != "share"},
+        "run_dir": meta.get("run_dir"),
+        "pid": meta.get("pid"),
+        "start": meta.get("start"),
+        "device_timed": state.device_timed,
+        "skipped_lines": state.skipped,
+        "agent_errors": state.agent_errors,
+        "findings": [],
+    }
+
+
+def _fmt_ms(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.3f}" if x < 10 else f"{x:.1f}"
+
+
+def _fmt_rate(x: float | None, unit: str) -> str:
+    return "—" if x is None else f"{x:,.1f} {unit}"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+def status_line(state: RunState) -> str:
+    """One line for headless logs (every ``--interval`` seconds)."""
+    stats = state.phase_stats(recent=True)
+    shares = " ".join(
+        f"{_SHORT[p]} {stats[p]['share'] * 100:.0f}%" for p in ALL_PHASES if stats[p]["share"] is not None
+    )
+    return (
+        f"[perfmon] {format_duration(state.elapsed())} step {state.steps} | "
+        f"{_fmt_rate(state.steps_per_s(), 'steps/s')} | {_fmt_rate(state.samples_per_s(), 'samples/s')} | "
+        f"step {_fmt_ms(stats['step']['mean_ms'])} ms | {shares or 'waiting for the first step'}"
+    )
+
+
+def format_summary(state: RunState) -> str:
+    """The human summary: header, phase table, exit status."""
+    s = build_summary(state)
+    argv = " ".join(s["argv"]) or s["script"] or "?"
+    exit_text = state.status if state.exit else "no exit recorded (still running, or killed)"
+    lines = [
+        f"perfmon summary: {argv}",
+        f"  run dir   {s['run_dir']}",
+        f"  status    {exit_text}",
+        f"  steps     {s['steps']} in {format_duration(s['elapsed_s'])}"
+        f"  ({s['steps_per_s']:.2f} steps/s"
+        + (f", {s['samples_per_s']:,.1f} samples/s)" if s["samples_per_s"] else ")"),
+        "",
+        f"  {'phase':<10} {'mean ms':>10} {'p50 ms':>10} {'p95 ms':>10} {'share':>7}",
+    ]
+    for p in ALL_PHASES:
+        ph = s["phases"][p]
+        lines.append(
+            f"  {p:<10} {_fmt_ms(ph['mean_ms']):>10} {_fmt_ms(ph['p50_ms']):>10} "
+            f"{_fmt_ms(ph['p95_ms']):>10} {ph['share'] * 100:>6.1f}%"
+        )
+    st = s["step_ms"]
+    lines.append(
+        f"  {'step':<10} {_fmt_ms(st.get('mean_ms')):>10} {_fmt_ms(st.get('p50_ms')):>10} {_fmt_ms(st.get('p95_ms')):>10}"
+    )
+    if state.exit and state.exit.exception:
+        lines += ["", f"  exception {state.exit.exception}"]
+    if s["skipped_lines"]:
+        lines.append(f"  note: {s['skipped_lines']} malformed recording lines were skipped")
+    if s["agent_errors"]:
+        lines.append(f"  note: agent internal errors {s['agent_errors']} (training was not affected)")
+    return "\n".join(lines)
+
+
+def report_main(run_dir: Path, as_json: bool) -> int:
+    """``perfmon report RUN [--json]``."""
+    state = load_recording(run_dir)
+    if as_json:
+        print(json.dumps(build_summary(state), indent=2))
+    else:
+        print(format_summary(state))
+    return 0

@@ -1,0 +1,303 @@
+"""Monitor-side state: everything the dashboard, headless mode and reports show.
+
+Fed by :meth:`RunState.apply` with decoded messages (live, attached, replayed: the same
+path). Memory is bounded whatever the run length: a fixed recent window of steps, log-bucket
+histograms since start, and multi-resolution time series.
+"""
+
+from __future__ import annotations
+
+import math
+import signal as _signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfmon.protocol import ALL_PHASES, PHASES, step_rows_to_dicts
+
+RECENT_STEPS = 200
+
+
+class Histogram:
+    """Log-spaced buckets (2% wide): quantiles within ~1% over any number of values."""
+
+    RATIO = 1.02
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.n = 0
+        self.zeros = 0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        if x <= 1e-6:
+            self.zeros += 1
+            return
+        k = math.floor(math.log(x) / math.log(self.RATIO))
+        self.counts[k] = self.counts.get(k, 0) + 1
+
+    def quantile(self, q: float) -> float | None:
+        if not self.n:
+            return None
+        rank = q * (self.n - 1)
+        seen = self.zeros
+        if rank < seen:
+            return 0.0
+        for k in sorted(self.counts):
+            seen += self.counts[k]
+            if rank < seen:
+                return self.RATIO ** (k + 0.5)  # bucket midpoint (geometric)
+        return self.RATIO ** (max(self.counts) + 0.5)
+
+
+class TimeSeries:
+    """Fine recent, coarse old: each level keeps a fixed number of (bucket, mean, max) points."""
+
+    LEVELS = ((1.0, 600), (10.0, 720), (60.0, 1440), (600.0, 1008))  # 10 min, 2 h, 24 h, 7 days
+
+    def __init__(self) -> None:
+        self.levels: list[deque[list[float]]] = [deque(maxlen=n) for _, n in self.LEVELS]
+
+    def add(self, t: float, value: float) -> None:
+        for (res, _), points in zip(self.LEVELS, self.levels, strict=True):
+            bucket = math.floor(t / res) * res
+            if points and points[-1][0] == bucket:
+                p = points[-1]
+                p[1] += value
+                p[2] += 1
+                p[3] = max(p[3], value)
+            else:
+                points.append([bucket, value, 1, value])
+
+    def span_covered(self, level: int) -> float:
+        res, n = self.LEVELS[level]
+        return res * n
+
+    def values(self, span: float | None, now: float | None = None) -> list[float]:
+        """Bucket means over the last ``span`` seconds (None: the whole run), finest level that covers it."""
+        now = now if now is not None else self._last()
+        if now is None:
+            return []
+        level = len(self.LEVELS) - 1
+        want = span if span is not None else now - self._first()
+        for i in range(len(self.LEVELS)):
+            first = self.levels[i][0][0] if self.levels[i] else now
+            if now - first >= want or len(self.levels[i]) < self.LEVELS[i][1]:
+                level = i
+                break
+        cut = now - want if span is not None else -math.inf
+        return [p[1] / p[2] for p in self.levels[level] if p[0] >= cut - self.LEVELS[level][0]]
+
+    def _last(self) -> float | None:
+        return self.levels[0][-1][0] if self.levels[0] else None
+
+    def _first(self) -> float:
+        for points in reversed(self.levels):
+            if points:
+                return points[0][0]
+        return 0.0
+
+
+@dataclass
+class PhaseTotals:
+    total_ms: float = 0.0
+    hist: Histogram = field(default_factory=Histogram)
+
+
+@dataclass
+class ExitInfo:
+    code: int | None = None
+    signal: str | None = None
+    exception: str | None = None
+    traceback: str | None = None
+    t: float | None = None
+
+
+class RunState:
+    """Aggregates of one run, built from its message stream."""
+
+    def __init__(self, recent: int = RECENT_STEPS) -> None:
+        self.meta: dict[str, Any] = {}
+        self.steps = 0
+        self.recent: deque[dict[str, float]] = deque(maxlen=recent)
+        self.totals: dict[str, PhaseTotals] = {p: PhaseTotals() for p in (*ALL_PHASES, "step")}
+        self.samples_total = 0
+        self.samples_steps = 0
+        self.first_start: float | None = None
+        self.last_end: float | None = None
+        self.step_series = TimeSeries()
+        self.exit: ExitInfo | None = None
+        self.last_seq = 0
+        self.skipped = 0
+        self.warnings: list[str] = []
+        self.agent_errors: dict[str, int] = {}
+        self.device_timed = False
+
+    # -- ingest -------------------------------------------------------------------------
+    def apply(self, msg: dict[str, Any]) -> None:
+        """Fold one message in; duplicates (by ``seq``) are ignored."""
+        seq = msg.get("seq")
+        if isinstance(seq, int):
+            if seq <= self.last_seq:
+                return
+            self.last_seq = seq
+        kind = msg.get("type")
+        try:
+            if kind == "hello":
+                self.meta.update({k: v for k, v in msg.items() if k not in ("v", "type", "seq", "live_seq")})
+            elif kind == "steps":
+                for row in step_rows_to_dicts(msg):
+                    self._add_step(row)
+            elif kind == "event":
+                self._event(msg)
+        except (TypeError, ValueError, KeyError):
+            self.skipped += 1
+
+    def _add_step(self, row: dict[str, Any]) -> None:
+        dur = float(row["dur_ms"])
+        step = {"i": int(row["i"]), "t": float(row["t"]), "dur": dur}
+        if row.get("dev_forward_ms") is not None:
+            self.device_timed = True
+        for p in PHASES:
+            dev = row.get(f"dev_{p}_ms")
+            step[p] = float(dev if dev is not None else row[f"{p}_ms"])
+        step["other"] = max(0.0, dur - sum(step[p] for p in PHASES))
+        samples = row.get("samples")
+        step["samples"] = int(samples) if isinstance(samples, int | float) and samples > 0 else 0
+        self.steps = max(self.steps, step["i"])
+        self.recent.append(step)
+        for p in (*ALL_PHASES, "step"):
+            value = dur if p == "step" else step[p]
+            tot = self.totals[p]
+            tot.total_ms += value
+            tot.hist.add(value)
+        if step["samples"]:
+            self.samples_total += step["samples"]
+            self.samples_steps += 1
+        start = step["t"] - dur / 1000.0
+        if self.first_start is None or start < self.first_start:
+            self.first_start = start
+        self.last_end = max(self.last_end or step["t"], step["t"])
+        self.step_series.add(step["t"], dur)
+
+    def _event(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("kind")
+        if kind == "exit":
+            self.exit = ExitInfo(
+                code=msg.get("code"), signal=msg.get("signal"), exception=msg.get("exception"),
+                traceback=msg.get("traceback"), t=msg.get("t"),
+            )
+            if isinstance(msg.get("agent_errors"), dict):
+                self.agent_errors = dict(msg["agent_errors"])
+        elif kind == "warning" and isinstance(msg.get("message"), str):
+            self.warnings = [*self.warnings[-19:], msg["message"]]
+
+    def process_exited(self, returncode: int, t: float | None = None) -> None:
+        """The launcher saw the process end: fill in what the agent could not say (signals)."""
+        sig = _signal_name(-returncode) if returncode < 0 else None
+        if self.exit is None:
+            self.exit = ExitInfo(code=None if sig else returncode, signal=sig, t=t or time.time())
+        elif sig and not self.exit.signal:
+            self.exit.signal, self.exit.code = sig, None
+
+    # -- derived ------------------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        """``starting``, ``running``, ``exited 0``, ``failed (ValueError)``, ``killed by SIGKILL``."""
+        if self.exit is None:
+            return "running" if self.meta else "starting"
+        if self.exit.signal:
+            return f"killed by {self.exit.signal}"
+        if self.exit.exception:
+            return f"failed ({self.exit.exception.split(':', 1)[0]})"
+        return f"exited {self.exit.code}"
+
+    @property
+    def exit_status(self) -> int | None:
+        """The shell-style status: code, or 128+N for a signal."""
+        if self.exit is None:
+            return None
+        if self.exit.signal:
+            num = getattr(_signal, self.exit.signal, None)
+            return 128 + int(num) if num is not None else 1
+        return self.exit.code
+
+    def elapsed(self, now: float | None = None) -> float:
+        start = self.meta.get("start")
+        if not isinstance(start, int | float):
+            return 0.0
+        end = self.exit.t if self.exit and self.exit.t else (now if now is not None else time.time())
+        return max(0.0, end - start)
+
+    def steps_per_s(self, recent: bool = True) -> float | None:
+        if recent:
+            if len(self.recent) < 2:
+                return None
+            first, last = self.recent[0], self.recent[-1]
+            span = last["t"] - (first["t"] - first["dur"] / 1000.0)
+            return len(self.recent) / span if span > 0 else None
+        if not self.steps or self.first_start is None or self.last_end is None:
+            return None
+        span = self.last_end - self.first_start
+        return self.totals["step"].hist.n / span if span > 0 else None
+
+    def samples_per_s(self, recent: bool = True) -> float | None:
+        if recent:
+            rows = [s for s in self.recent if s["samples"]]
+            if len(rows) < 2 or len(rows) < len(self.recent) // 2:
+                return None
+            span = rows[-1]["t"] - (rows[0]["t"] - rows[0]["dur"] / 1000.0)
+            return sum(s["samples"] for s in rows) / span if span > 0 else None
+        sps = self.steps_per_s(recent=False)
+        if not self.samples_steps or sps is None:
+            return None
+        return sps * self.samples_total / self.totals["step"].hist.n
+
+    def phase_stats(self, recent: bool = True) -> dict[str, dict[str, float | None]]:
+        """Per phase (and ``step``): mean, p50, p95 in ms and share of step time."""
+        out: dict[str, dict[str, float | None]] = {}
+        if recent:
+            rows = list(self.recent)
+            total = sum(s["dur"] for s in rows) or 0.0
+            for p in (*ALL_PHASES, "step"):
+                values = sorted(s["dur" if p == "step" else p] for s in rows)
+                out[p] = _stats(values, total)
+        else:
+            total = self.totals["step"].total_ms
+            for p in (*ALL_PHASES, "step"):
+                tot = self.totals[p]
+                n = tot.hist.n
+                out[p] = {
+                    "mean_ms": tot.total_ms / n if n else None,
+                    "p50_ms": tot.hist.quantile(0.5),
+                    "p95_ms": tot.hist.quantile(0.95),
+                    "share": tot.total_ms / total if total > 0 else None,
+                }
+        return out
+
+
+def _stats(values: list[float], total: float) -> dict[str, float | None]:
+    if not values:
+        return {"mean_ms": None, "p50_ms": None, "p95_ms": None, "share": None}
+    n = len(values)
+    return {
+        "mean_ms": sum(values) / n,
+        "p50_ms": _quantile(values, 0.5),
+        "p95_ms": _quantile(values, 0.95),
+        "share": sum(values) / total if total > 0 else None,
+    }
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return _signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
