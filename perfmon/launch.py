@@ -131,30 +131,44 @@ def exit_status(returncode: int) -> int:
 
 
 def finalize_recording(run_dir: Path, state: RunState, returncode: int) -> None:
-    """If the agent died without recording its exit (SIGKILL, os._exit), record it for it."""
-    agent_recorded = state.exit is not None
+    """Fold the process exit into ``state``; if the agent died without recording its exit
+    (SIGKILL, os._exit), append the exit record and summary.json for it."""
     state.process_exited(returncode)
-    if agent_recorded or state.exit is None:
+    events = run_dir / "events.jsonl"
+    tail = _tail(events)
+    if tail is None:
         return
+    complete = tail[: tail.rfind(b"\n") + 1]  # a partial last line is not a record
+    if b'"kind":"exit"' in complete.rstrip(b"\n").rsplit(b"\n", 1)[-1]:
+        return
+    from perfmon.report import ReportError, build_summary, load_recording
+
+    try:
+        full = load_recording(run_dir)  # rare path: the whole recording, not what a view kept
+    except ReportError:
+        return
+    full.process_exited(returncode)
+    assert full.exit is not None
     msg = protocol.message(
-        "event", kind="exit", seq=state.last_seq + 1, t=time.time(), code=state.exit.code,
-        signal=state.exit.signal, exception=None, traceback=None, recorded_by="monitor",
+        "event", kind="exit", seq=full.last_seq + 1, t=time.time(), code=full.exit.code,
+        signal=full.exit.signal, exception=None, traceback=None, recorded_by="monitor",
     )
     try:
-        with open(run_dir / "events.jsonl", "ab") as f:
-            f.write(b"\n" if _ends_mid_line(run_dir / "events.jsonl") else b"")
+        with open(events, "ab") as f:
+            if not tail.endswith(b"\n"):
+                f.write(b"\n")  # the agent died mid-line: keep our record on a line of its own
             f.write(protocol.encode(msg))
-        from perfmon.report import build_summary
-
-        (run_dir / "summary.json").write_text(json.dumps(build_summary(state), indent=2) + "\n")
+        (run_dir / "summary.json").write_text(json.dumps(build_summary(full), indent=2) + "\n")
     except OSError:
         pass
 
 
-def _ends_mid_line(path: Path) -> bool:
+def _tail(path: Path, size: int = 1 << 16) -> bytes | None:
     try:
         with open(path, "rb") as f:
-            f.seek(-1, os.SEEK_END)
-            return f.read(1) != b"\n"
+            f.seek(0, os.SEEK_END)
+            end = f.tell()
+            f.seek(max(0, end - size))
+            return f.read()
     except OSError:
-        return False
+        return None

@@ -1,0 +1,67 @@
+"""The dashboard run: start watching a launched job, then hand its outcome back to the shell."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from perfmon.headless import connect
+from perfmon.launch import TrainingProcess, exit_status, finalize_recording
+from perfmon.state import RunState
+
+
+def _early_exit(proc: TrainingProcess) -> int:
+    """The job ended before the agent listened: show its output and pass its status on."""
+    returncode = proc.wait()
+    try:
+        sys.stderr.write((proc.run_dir / "output.log").read_text(errors="replace")[-20000:])
+    except OSError:
+        pass
+    return exit_status(returncode)
+
+
+def run_dashboard(proc: TrainingProcess) -> int:
+    """Open the Textual dashboard on ``proc``; returns perfmon's exit status."""
+    from perfmon.tui.app import PerfmonApp
+
+    source = connect(proc)
+    if not proc.alive() and not (proc.run_dir / "events.jsonl").exists():
+        return _early_exit(proc)
+    state = RunState()
+    app = PerfmonApp(state, source, proc.run_dir, proc)
+    app.run()
+    outcome = getattr(app, "outcome", "quit")
+    if outcome == "detached" and proc.alive():
+        source.close()
+        print(
+            f"perfmon: detached; training continues as pid {proc.pid}\n"
+            f"  output:    {proc.run_dir / 'output.log'}\n"
+            f"  recording: {proc.run_dir / 'events.jsonl'}  (perfmon report {proc.run_dir})",
+            file=sys.stderr,
+        )
+        return 0
+    if outcome == "stopped" and proc.alive():
+        print(f"perfmon: stopping training (pid {proc.pid})...", file=sys.stderr)
+        _wait_stopping(proc)
+    returncode = proc.wait()
+    # Let the stream finish so the final state (and any exit record we add) is complete.
+    source.close()
+    finalize_recording(proc.run_dir, state, returncode)
+    print(f"perfmon: {state.status}; run dir {proc.run_dir}", file=sys.stderr)
+    return exit_status(returncode)
+
+
+def _wait_stopping(proc: TrainingProcess, grace: float = 10.0) -> None:
+    """SIGINT was sent; escalate if the job ignores it."""
+    done = threading.Event()
+
+    def waiter() -> None:
+        proc.wait()
+        done.set()
+
+    threading.Thread(target=waiter, daemon=True).start()
+    for _ in range(2):
+        if done.wait(grace):
+            return
+        proc.stop()
+    done.wait()

@@ -1,0 +1,320 @@
+"""The Textual dashboard: a view over a :class:`~perfmon.state.RunState` fed by a source.
+
+Three thread workers feed it: the source pump (folds messages into the state under a lock and
+posts :class:`StateChanged` at most every ``COALESCE_S``), the process waiter and the output
+tail. Widgets are redrawn only when what they show changed: on those messages and on a 1 Hz tick
+(elapsed time, and data that arrived after the last coalesced post).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import Footer
+
+from perfmon.state import RunState
+from perfmon.tui.widgets.dialogs import DETACH, STOP, HelpScreen, QuitScreen
+from perfmon.tui.widgets.header import HeaderInfo, RunHeader
+from perfmon.tui.widgets.logpanel import LogPanel, OutputTail, last_frame
+from perfmon.tui.widgets.phases import SPANS, PhaseInfo, PhasesPanel
+
+if TYPE_CHECKING:
+    from perfmon.sources import Source
+
+COALESCE_S = 0.5
+TICK_S = 1.0
+LOG_POLL_S = 0.25
+
+QUIT, DETACHED, STOPPED = "quit", "detached", "stopped"
+
+#: The dashboard's keys. To add one: a Binding here (the tooltip is its help line) and an ``action_*``.
+KEYS: list[Binding] = [
+    Binding("q", "request_quit", "Quit", tooltip="quit; asks whether to stop or leave a running job"),
+    Binding("ctrl+c", "request_quit", "Quit", show=False, priority=True, tooltip="same as q"),
+    Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True, tooltip="same as q"),
+    Binding("d", "detach", "Detach", tooltip="detach: exit and leave the job running"),
+    Binding("t", "cycle_span", "Span", tooltip="step-time chart span: " + " → ".join(s for s, _ in SPANS)),
+    Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
+]
+SCROLL_HELP = ("↑ ↓ PgUp PgDn Home End", "scroll the output")
+
+
+class TrainingProcessLike(Protocol):
+    """What the app needs of :class:`perfmon.launch.TrainingProcess`."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+    def stop(self) -> None: ...
+
+
+class StateChanged(Message):
+    """New messages were folded into the state (coalesced)."""
+
+
+class StreamEnded(Message):
+    """The source's stream is over; ``error`` says why when it broke."""
+
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+
+class ProcessExited(Message):
+    """The launched training process ended."""
+
+    def __init__(self, returncode: int) -> None:
+        super().__init__()
+        self.returncode = returncode
+
+
+class OutputLines(Message):
+    """Complete new lines of ``RUN/output.log``."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+
+class PerfmonApp(App[None]):
+    """The live dashboard. After :meth:`run`, :attr:`outcome` says how it ended."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "perfmon"
+    BINDINGS = KEYS
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
+
+    def __init__(
+        self,
+        state: RunState,
+        source: Source | None,
+        run_dir: Path | None,
+        process: TrainingProcessLike | None = None,
+    ) -> None:
+        super().__init__()
+        self.state = state
+        self.source = source
+        self.run_dir = run_dir if run_dir is not None else getattr(source, "run_dir", None)
+        self.process = process
+        self.lock = threading.Lock()  # guards ``state``: the pump writes, the UI reads
+        self.stream_ended = source is None
+        self.stream_error: str | None = None
+        self.process_ended = False
+        self.refreshes = 0  # data refreshes done (diagnostics and tests)
+        self._dirty = False
+        self._outcome: str | None = None
+        self._closing = threading.Event()
+        self._ended = threading.Event()
+        if process is not None:
+            self.mode = "launched"
+        else:
+            self.mode = {"ReplaySource": "replay", "LiveSource": "attached"}.get(type(source).__name__, "")
+
+    # -- outcome ----------------------------------------------------------------------------
+    @property
+    def outcome(self) -> str:
+        """``"quit"`` (job over), ``"detached"`` (job left running) or ``"stopped"`` (stop asked)."""
+        if self._outcome is not None:
+            return self._outcome
+        return QUIT if self.job_ended else DETACHED
+
+    @property
+    def job_ended(self) -> bool:
+        """The job is over: exit seen, process gone, or (no process) the stream ended."""
+        return self.state.exit is not None or self.process_ended or (self.process is None and self.stream_ended)
+
+    # -- layout -----------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield RunHeader(id="header")
+        yield PhasesPanel(id="phases")
+        yield LogPanel(id="log")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        phases = self.query_one("#phases", PhasesPanel)
+        phases.border_title = "step phases"
+        phases.border_subtitle = f"chart: {phases.span[0]}"
+        self.query_one(LogPanel).log_widget.focus()
+        self.refresh_data()
+        self.set_interval(TICK_S, self._tick)
+        if self.source is not None:
+            self._pump()
+        if self.process is not None:
+            self._watch_process()
+        if self.run_dir is not None:
+            self._tail_output(Path(self.run_dir) / "output.log")
+
+    def on_unmount(self) -> None:
+        self._stop_background()
+
+    # -- data -> widgets --------------------------------------------------------------------
+    def refresh_data(self) -> None:
+        """Rebuild what the widgets show from the state; unchanged widgets are not redrawn."""
+        phases = self.query_one("#phases", PhasesPanel)
+        log = self.query_one(LogPanel)
+        with self.lock:
+            self._dirty = False
+            header = self._header_info()
+            info = PhaseInfo.from_state(self.state, phases.span_index)
+            exit_ = self.state.exit
+            exception = exit_.exception if exit_ else None
+            where = last_frame(exit_.traceback) if exit_ else None
+        self.query_one(RunHeader).info = header
+        phases.info = info
+        log.exception, log.where = exception, where
+        self.refreshes += 1
+        if self.job_ended:
+            self._ended.set()
+
+    def _header_info(self) -> HeaderInfo:
+        info = HeaderInfo.from_state(self.state, self.mode, stream_ended=self.stream_ended and self.process is None)
+        if self.stream_error:
+            return replace(info, mode=f"{info.mode} · {self.stream_error}".strip(" ·"))
+        return info
+
+    def _tick(self) -> None:
+        if self._dirty:
+            self.refresh_data()
+        elif not self.job_ended:
+            with self.lock:
+                header = self._header_info()
+            self.query_one(RunHeader).info = header
+
+    def on_state_changed(self, _: StateChanged) -> None:
+        self.refresh_data()
+
+    def on_stream_ended(self, message: StreamEnded) -> None:
+        self.stream_ended = True
+        self.stream_error = message.error
+        self.refresh_data()
+
+    def on_process_exited(self, _: ProcessExited) -> None:
+        self.process_ended = True
+        self.refresh_data()
+
+    def on_output_lines(self, message: OutputLines) -> None:
+        self.query_one(LogPanel).add_lines(message.lines)
+
+    # -- workers ----------------------------------------------------------------------------
+    @work(thread=True, exit_on_error=False, group="source")
+    def _pump(self) -> None:
+        """Fold the source's messages into the state; post at most every COALESCE_S."""
+        assert self.source is not None
+        last_post = 0.0
+        error: str | None = None
+        try:
+            for msg in self.source.messages():
+                with self.lock:
+                    self.state.apply(msg)
+                    self._dirty = True
+                now = time.monotonic()
+                if now - last_post >= COALESCE_S:
+                    last_post = now
+                    self.post_message(StateChanged())
+                if self._closing.is_set():
+                    return
+        except Exception as exc:  # noqa: BLE001 - a broken stream ends it; the dashboard stays
+            error = f"stream error: {type(exc).__name__}: {exc}"
+        self.post_message(StreamEnded(error))
+
+    @work(thread=True, exit_on_error=False, group="process")
+    def _watch_process(self) -> None:
+        """Wait for the launched process; polls so that detaching never waits on it."""
+        assert self.process is not None
+        while (code := self.process.poll()) is None:
+            if self._closing.wait(LOG_POLL_S):
+                return
+        with self.lock:
+            self.state.process_exited(code)
+        self.post_message(ProcessExited(code))
+
+    @work(thread=True, exit_on_error=False, group="output")
+    def _tail_output(self, path: Path) -> None:
+        """Post new complete lines of ``path`` about 4 times a second; ends after the job did."""
+        tail = OutputTail(path)
+        while True:
+            ended = self._ended.is_set()
+            lines = tail.read()
+            if ended and not lines:
+                lines = tail.flush()
+                if lines:
+                    self.post_message(OutputLines(lines))
+                return
+            if lines:
+                self.post_message(OutputLines(lines))
+            if self._closing.wait(LOG_POLL_S):
+                return
+
+    def _stop_background(self) -> None:
+        self._closing.set()
+        if self.source is not None:
+            try:
+                self.source.close()
+            except Exception:  # noqa: BLE001 - closing on the way out must not fail the exit
+                pass
+
+    # -- actions ----------------------------------------------------------------------------
+    def finish(self, outcome: str) -> None:
+        """Leave the dashboard with ``outcome``."""
+        self._outcome = outcome
+        self._stop_background()
+        self.exit()
+
+    def action_request_quit(self) -> None:
+        """q / ctrl+c: quit at once when the job is over, else ask."""
+        if isinstance(self.screen, QuitScreen):
+            return
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+        if self.job_ended:
+            self.finish(QUIT)
+            return
+        pid = self.state.meta.get("pid") or (self.process.pid if self.process else "")
+        self.push_screen(QuitScreen(can_stop=self.process is not None, pid=str(pid)), self._quit_choice)
+
+    def _quit_choice(self, choice: str | None) -> None:
+        if choice == STOP and self.process is not None and not self.job_ended:
+            self.process.stop()
+            self.finish(STOPPED)
+        elif choice in (STOP, DETACH):
+            self.finish(QUIT if self.job_ended else DETACHED)
+
+    def action_detach(self) -> None:
+        """d: exit, leaving the job running."""
+        self.finish(QUIT if self.job_ended else DETACHED)
+
+    def action_cycle_span(self) -> None:
+        """t: next step-time chart span."""
+        phases = self.query_one("#phases", PhasesPanel)
+        phases.span_index = (phases.span_index + 1) % len(SPANS)
+        phases.border_subtitle = f"chart: {phases.span[0]}"
+        self.refresh_data()
+
+    def action_help(self) -> None:
+        """?: the key list."""
+        if not isinstance(self.screen, HelpScreen | QuitScreen):
+            self.push_screen(HelpScreen(self.key_help()))
+
+    def key_help(self) -> list[tuple[str, str]]:
+        """(keys, description) per action, from :data:`KEYS`, plus scrolling."""
+        seen: dict[str, tuple[list[str], str]] = {}
+        for binding in KEYS:
+            keys, text = seen.setdefault(binding.action, ([], binding.tooltip or binding.description))
+            keys.append(binding.key_display or binding.key)
+        rows = [(", ".join(keys), text) for keys, text in seen.values()]
+        return [*rows, SCROLL_HELP]
+
+
+def run_dashboard(state: RunState, source: Any, run_dir: Path | None, process: Any = None) -> str:
+    """Run the dashboard in this terminal and return its outcome."""
+    app = PerfmonApp(state, source, run_dir, process)
+    app.run()
+    return app.outcome

@@ -1,0 +1,117 @@
+"""The script's output (tail of ``RUN/output.log``) and, when the job failed, its exception."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.reactive import reactive
+from textual.widgets import Log, Static
+
+MAX_LINES = 5000
+_ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
+
+
+def clean_line(line: str) -> str:
+    """What a terminal would show: no colour codes, only the text after the last carriage return."""
+    line = _ANSI.sub("", line.rstrip("\r"))
+    return line.rsplit("\r", 1)[-1]
+
+
+def last_frame(traceback: str | None) -> str | None:
+    """``script.py:42 in step`` for the innermost frame of a Python traceback."""
+    for line in reversed((traceback or "").splitlines()):
+        match = _FRAME.match(line)
+        if match:
+            path, lineno, func = match.groups()
+            return f"{path.rsplit('/', 1)[-1]}:{lineno} in {func}"
+    return None
+
+
+class OutputTail:
+    """Reads new complete lines of a growing file; starts near its end, survives truncation."""
+
+    FIRST_BYTES = 256 * 1024  # how much of an existing file to show at first
+    CHUNK = 4 * 1024 * 1024  # most read per call
+    MAX_PARTIAL = 64 * 1024  # an unterminated line longer than this is shown as is
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.pos: int | None = None
+        self.partial = b""
+
+    def read(self) -> list[str]:
+        """New complete lines since the last call (at most MAX_LINES)."""
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return []
+        skip_first = False
+        if self.pos is None:
+            self.pos = max(0, size - self.FIRST_BYTES)
+            skip_first = self.pos > 0
+        if size < self.pos:  # truncated or replaced
+            self.pos, self.partial = 0, b""
+        if size == self.pos:
+            return []
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read(self.CHUNK)
+        except OSError:
+            return []
+        self.pos += len(data)
+        if skip_first:
+            data = data.split(b"\n", 1)[1] if b"\n" in data else b""
+        *complete, self.partial = (self.partial + data).split(b"\n")
+        if len(self.partial) > self.MAX_PARTIAL:
+            complete.append(self.partial)
+            self.partial = b""
+        return [line.decode("utf-8", "replace") for line in complete[-MAX_LINES:]]
+
+    def flush(self) -> list[str]:
+        """The unterminated last line, if any."""
+        rest, self.partial = self.partial, b""
+        return [rest.decode("utf-8", "replace")] if rest else []
+
+
+class LogPanel(Vertical):
+    """Output tail with an exception banner; ``exception`` and ``where`` are its state."""
+
+    exception: reactive[str | None] = reactive(None, init=False)
+    where: reactive[str | None] = reactive(None, init=False)
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="exception")
+        yield Log(max_lines=MAX_LINES, id="output")
+
+    def on_mount(self) -> None:
+        self.border_title = "output"
+
+    @property
+    def log_widget(self) -> Log:
+        return self.query_one("#output", Log)
+
+    def add_lines(self, lines: Iterable[str]) -> None:
+        """Append complete lines of output."""
+        self.log_widget.write_lines([clean_line(line) for line in lines])
+
+    def _update_banner(self) -> None:
+        banner = self.query_one("#exception", Static)
+        if self.exception:
+            text = Text("✘ ", style="bold").append(self.exception, style="bold")
+            if self.where:
+                text.append(f"  at {self.where}")
+            banner.update(text)
+        self.set_class(bool(self.exception), "-failed")
+
+    def watch_exception(self) -> None:
+        self._update_banner()
+
+    def watch_where(self) -> None:
+        self._update_banner()

@@ -1,0 +1,228 @@
+"""Step phases: recent and since-start timings, a stacked share bar and a step-time chart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from perfmon.protocol import ALL_PHASES
+from perfmon.state import RunState
+from perfmon.tui.widgets import fmt
+
+#: Sparkline spans, cycled by the ``t`` key: (label, seconds or None for the whole run).
+SPANS: tuple[tuple[str, float | None], ...] = (("1 min", 60.0), ("10 min", 600.0), ("1 h", 3600.0), ("whole run", None))
+ROWS = (*ALL_PHASES, "step")
+NAME_W, NUM_W, SHARE_W, GAP = 11, 6, 7, 3
+SECTION_W = 3 * NUM_W + SHARE_W
+TABLE_W = NAME_W + 2 * SECTION_W + GAP
+TABLE_LINES = 2 + len(ROWS)
+SIDE_CHART_MIN = 30  # chart beside the table when at least this many columns are left
+BLOCKS = " ▁▂▃▄▅▆▇█"
+
+Stats = dict[str, dict[str, float | None]]
+
+
+@dataclass(frozen=True)
+class PhaseInfo:
+    """What the panel shows; equal values mean nothing to redraw."""
+
+    recent: tuple[tuple[str, tuple[float | None, ...]], ...]
+    total: tuple[tuple[str, tuple[float | None, ...]], ...]
+    recent_n: int
+    total_n: int
+    series: tuple[float, ...]
+    span: str
+    device_timed: bool = False
+
+    @classmethod
+    def from_state(cls, state: RunState, span_index: int = 0) -> PhaseInfo:
+        """Derive the panel from ``state`` (call with the state lock held)."""
+        label, seconds = SPANS[span_index % len(SPANS)]
+        return cls(
+            recent=_freeze(state.phase_stats(recent=True)),
+            total=_freeze(state.phase_stats(recent=False)),
+            recent_n=len(state.recent),
+            total_n=state.totals["step"].hist.n,
+            series=tuple(state.step_series.values(seconds)),
+            span=label,
+            device_timed=state.device_timed,
+        )
+
+    def stats(self, recent: bool = True) -> Stats:
+        """The stats back as ``{phase: {mean_ms, p50_ms, p95_ms, share}}``."""
+        keys = ("mean_ms", "p50_ms", "p95_ms", "share")
+        return {p: dict(zip(keys, v, strict=True)) for p, v in (self.recent if recent else self.total)}
+
+
+def _freeze(stats: Stats) -> tuple[tuple[str, tuple[float | None, ...]], ...]:
+    return tuple(
+        (p, (s.get("mean_ms"), s.get("p50_ms"), s.get("p95_ms"), s.get("share"))) for p, s in stats.items()
+    )
+
+
+def resample(values: tuple[float, ...] | list[float], width: int) -> list[float]:
+    """Fit ``values`` into ``width`` columns: chunk means when longer, repeated points when shorter."""
+    n = len(values)
+    if n == 0 or width <= 0:
+        return []
+    if n <= width:
+        return [values[j * n // width] for j in range(width)]
+    out = []
+    for j in range(width):
+        chunk = values[j * n // width:(j + 1) * n // width]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def spark_rows(values: list[float], height: int) -> list[str]:
+    """Multi-row sparkline (eighth blocks), min..max scaled; the lowest value keeps one eighth."""
+    if not values:
+        return [""] * height
+    lo, hi = min(values), max(values)
+    levels = height * 8
+    cells = [1 + round((v - lo) / (hi - lo) * (levels - 1)) if hi > lo else levels // 2 for v in values]
+    rows = []
+    for r in range(height):
+        base = (height - 1 - r) * 8
+        rows.append("".join(BLOCKS[max(0, min(8, c - base))] for c in cells))
+    return rows
+
+
+def stacked_bar(shares: list[tuple[str, float]], width: int) -> list[tuple[str, int]]:
+    """Split ``width`` cells among phases by share (largest remainder), in phase order."""
+    total = sum(s for _, s in shares)
+    if total <= 0 or width <= 0:
+        return []
+    exact = [(p, s / total * width) for p, s in shares]
+    cells = [(p, int(x)) for p, x in exact]
+    left = width - sum(c for _, c in cells)
+    order = sorted(range(len(exact)), key=lambda i: exact[i][1] - int(exact[i][1]), reverse=True)
+    for i in order[:left]:
+        cells[i] = (cells[i][0], cells[i][1] + 1)
+    return [(p, c) for p, c in cells if c > 0]
+
+
+class PhasesView:
+    """Rich renderable for :class:`PhaseInfo`."""
+
+    def __init__(self, info: PhaseInfo | None, styles: dict[str, Style], chart_height: int) -> None:
+        self.info = info
+        self.styles = styles
+        self.chart_height = chart_height
+
+    def table_lines(self) -> list[Text]:
+        st, info = self.styles, self.info
+        assert info is not None
+        recent, total = info.stats(True), info.stats(False)
+        timing = " (device time)" if info.device_timed else ""
+        head = Text(" " * NAME_W, no_wrap=True)
+        head.append(f"last {fmt.count(info.recent_n)} steps{timing}".center(SECTION_W, " "), st["heading"])
+        head.append(" " * GAP)
+        head.append(f"since start ({fmt.count(info.total_n)})".center(SECTION_W, " "), st["heading"])
+        cols = Text("phase".ljust(NAME_W), st["heading"], no_wrap=True)
+        for i in range(2):
+            cols.append("".join(h.rjust(NUM_W) for h in ("mean", "p50", "p95")) + "share".rjust(SHARE_W), st["heading"])
+            if i == 0:
+                cols.append(" " * GAP)
+        lines = [head, cols]
+        for p in ROWS:
+            line = Text(no_wrap=True)
+            if p == "step":
+                line.append("  step".ljust(NAME_W), st["step"])
+            else:
+                line.append("■ ", st[p]).append(p.ljust(NAME_W - 2), st["name"])
+            for i, stats in enumerate((recent, total)):
+                s = stats.get(p, {})
+                nums = "".join(fmt.ms(s.get(k)).rjust(NUM_W) for k in ("mean_ms", "p50_ms", "p95_ms"))
+                line.append(nums, st["step"] if p == "step" else st["value"])
+                line.append(fmt.share(s.get("share")).rjust(SHARE_W), st["share"])
+                if i == 0:
+                    line.append(" " * GAP)
+            lines.append(line)
+        return lines
+
+    def bar_line(self, width: int) -> Text:
+        assert self.info is not None
+        recent = self.info.stats(True)
+        shares = [(p, recent[p]["share"] or 0.0) for p in ALL_PHASES if p in recent]
+        line = Text(no_wrap=True)
+        cells = stacked_bar(shares, width)
+        if not cells:
+            return line.append("─" * width, self.styles["heading"])
+        for p, n in cells:
+            line.append("█" * n, self.styles[p])
+        return line
+
+    def chart_lines(self, width: int, height: int) -> list[Text]:
+        assert self.info is not None
+        st, series = self.styles, self.info.series
+        label = Text(no_wrap=True, overflow="ellipsis")
+        label.append("step time, last " if self.info.span != "whole run" else "step time, ", st["heading"])
+        label.append(self.info.span, st["span"])
+        if len(series) >= 1:
+            label.append(f"  min {fmt.ms(min(series))} max {fmt.ms(max(series))} ms", st["heading"])
+        label.append("  [t] span", st["heading"])
+        label.truncate(width, overflow="ellipsis")
+        if not series:
+            return [label, Text("waiting for steps…", st["heading"])] + [Text("")] * (height - 1)
+        rows = spark_rows(resample(series, width), height)
+        return [label] + [Text(r, st["chart"], no_wrap=True) for r in rows]
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        if self.info is None:
+            yield Text("waiting for steps…", self.styles["heading"])
+            return
+        table = self.table_lines()
+        side = width - TABLE_W - GAP
+        if side >= SIDE_CHART_MIN:
+            chart = self.chart_lines(side, TABLE_LINES - 1)
+            for row, extra in zip(table, chart, strict=False):
+                row.align("left", TABLE_W)
+                row.append(" " * GAP).append_text(extra)
+            lines = table
+        else:
+            lines = table + self.chart_lines(width, self.chart_height)
+        lines.append(self.bar_line(width))
+        for line in lines:
+            line.truncate(width)
+            yield from line.render(console)
+            yield Segment.line()
+
+
+class PhasesPanel(Widget):
+    """Phase timings panel; ``info`` and ``span_index`` are its state."""
+
+    COMPONENT_CLASSES = {
+        "phases--data", "phases--forward", "phases--backward", "phases--optimizer", "phases--other",
+        "phases--step", "phases--name", "phases--value", "phases--share", "phases--heading",
+        "phases--chart", "phases--span",
+    }
+
+    info: reactive[PhaseInfo | None] = reactive(None)
+    span_index: reactive[int] = reactive(0)
+
+    @property
+    def span(self) -> tuple[str, float | None]:
+        return SPANS[self.span_index % len(SPANS)]
+
+    def chart_height(self) -> int:
+        """Rows of the step-time chart when it sits below the table."""
+        return 4 if self.app.size.height >= 32 else 1
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        side = width - TABLE_W - GAP
+        if side >= SIDE_CHART_MIN:
+            return TABLE_LINES + 1
+        return TABLE_LINES + 1 + self.chart_height() + 1
+
+    def render(self) -> PhasesView:
+        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        return PhasesView(self.info, styles, self.chart_height())

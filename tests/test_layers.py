@@ -1,0 +1,65 @@
+"""The layer rules of DESIGN.md, checked on the source (imports anywhere in a module)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "perfmon"
+
+# module path prefix -> top-level packages it must never import
+FORBIDDEN = {
+    "agent": {"textual", "rich", "perfmon.tui"},
+    "collectors": {"textual", "rich", "perfmon.tui"},
+    "rules": {"textual", "torch"},
+    "state.py": {"textual", "torch"},
+    "protocol.py": {"textual", "torch"},
+    "sources.py": {"textual", "torch"},
+    "report.py": {"textual", "torch"},
+    "tui": {"torch"},
+}
+
+
+def imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def modules():
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).as_posix()
+        for prefix, banned in FORBIDDEN.items():
+            if rel == prefix or rel.startswith(prefix + "/"):
+                yield pytest.param(path, banned, id=rel)
+
+
+@pytest.mark.parametrize("path, banned", list(modules()))
+def test_module_respects_layer_rules(path, banned):
+    bad = {n for n in imports(path) for b in banned if n == b or n.startswith(b + ".")}
+    assert not bad, f"{path.name} imports {bad}"
+
+
+def test_textual_is_imported_only_by_tui():
+    offenders = [
+        p.relative_to(PKG).as_posix()
+        for p in PKG.rglob("*.py")
+        if not p.relative_to(PKG).as_posix().startswith("tui/")
+        and any(n == "textual" or n.startswith("textual.") for n in imports(p))
+    ]
+    assert offenders == []
+
+
+def test_import_perfmon_is_light():
+    # the public API must not drag torch or textual into a script that imports it
+    code = "import sys, perfmon; perfmon.step(); print(sorted(m for m in ('torch','textual','rich') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,132 @@
+"""The agent's socket and recording with a real in-process agent (no torch needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import threading
+
+import pytest
+
+from perfmon import paths, protocol
+from perfmon.agent import server as server_mod
+from perfmon.agent.runtime import Agent
+from perfmon.sources import LiveSource, ReplaySource
+from perfmon.state import RunState
+
+
+@pytest.fixture
+def agent(tmp_path, monkeypatch):
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(tmp_path / "rt"))
+    meta = {"script": "train.py", "argv": ["train.py"], "pid": os.getpid(), "start": 1000.0, "run_dir": str(tmp_path / "run")}
+    a = Agent(tmp_path / "run", meta, tick=0.05)
+    a.start()
+    yield a
+    if a.server is not None:
+        a.finish({"code": 0})
+
+
+def publish_steps(agent, start, n, per_msg=1):
+    for i in range(start, start + n, per_msg):
+        rows = [[j, 1000.0 + j, 10.0, 1.0, 2.0, 3.0, 2.0, 2.0, 8] for j in range(i, i + per_msg)]
+        agent.publish(protocol.message("steps", fields=list(protocol.STEP_FIELDS), rows=rows))
+
+
+def collect(source, out, done):
+    for msg in source.messages():
+        out.append(msg)
+    done.set()
+
+
+def test_socket_and_dir_permissions(agent):
+    rt = paths.runtime_dir()
+    assert stat.S_IMODE(os.stat(rt).st_mode) == 0o700
+    sock = paths.socket_path(os.getpid())
+    assert stat.S_ISSOCK(os.stat(sock).st_mode) and stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    disc = json.loads(paths.discovery_path(os.getpid()).read_text())
+    assert disc["socket"] == str(sock) and disc["protocol"] == protocol.VERSION
+
+
+def test_live_source_backfills_then_streams_everything_in_order(agent):
+    publish_steps(agent, 1, 30)  # before the monitor connects: must come from the recording
+    source = LiveSource(paths.socket_path(os.getpid()), agent.run_dir)
+    source.connect()
+    got, done = [], threading.Event()
+    threading.Thread(target=collect, args=(source, got, done), daemon=True).start()
+    publish_steps(agent, 31, 30)
+    agent.finish({"code": 0})
+    assert done.wait(10)
+    seqs = [m["seq"] for m in got if "seq" in m]
+    assert seqs == list(range(1, seqs[-1] + 1))
+    state = RunState()
+    for m in got:
+        state.apply(m)
+    assert state.steps == 60 and state.exit is not None and state.exit.code == 0
+    assert not os.path.exists(paths.socket_path(os.getpid()))
+
+
+def test_slow_monitor_gets_gaps_refilled_from_recording(agent, monkeypatch):
+    monkeypatch.setattr(server_mod, "CLIENT_BUFFER", 4096)
+    source = LiveSource(paths.socket_path(os.getpid()), agent.run_dir)
+    source.connect()
+    publish_steps(agent, 1, 3000, per_msg=1)  # nobody reads meanwhile: the agent must drop, not block
+    assert agent.server is not None
+    dropped = sum(c.dropped for c in agent.server._clients.values())
+    assert dropped > 0
+    got, done = [], threading.Event()
+    threading.Thread(target=collect, args=(source, got, done), daemon=True).start()
+    publish_steps(agent, 3001, 10)
+    agent.finish({"code": 0})
+    assert done.wait(20)
+    state = RunState()
+    for m in got:
+        state.apply(m)
+    assert state.steps == 3010
+    assert state.totals["step"].hist.n == 3010  # no step lost, none counted twice
+
+
+def test_commands_are_answered_and_garbage_is_refused(agent):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(str(paths.socket_path(os.getpid())))
+    f = sock.makefile("rb")
+    assert json.loads(f.readline())["type"] == "hello"
+    sock.sendall(b"garbage\n")
+    assert json.loads(f.readline())["ok"] is False
+    sock.sendall(protocol.encode(protocol.message("command", name="shell", cmd="id")))
+    reply = json.loads(f.readline())
+    assert reply["ok"] is False and "not allowed" in reply["error"]
+    sock.sendall(protocol.encode(protocol.message("command", name="profile", id=7)))
+    reply = json.loads(f.readline())
+    assert reply["kind"] == "command_result" and reply["id"] == 7
+    sock.close()
+    publish_steps(agent, 1, 5)  # the agent is still fine
+    assert agent.errors.get("server", 0) == 0
+
+
+def test_unwritable_run_dir_stops_recording_once_and_training_goes_on(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(tmp_path / "rt"))
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    a = Agent(blocker / "run", {"script": "x", "pid": os.getpid(), "start": 0.0})
+    a.start()
+    publish_steps(a, 1, 5)
+    a.finish({"code": 0})
+    err = capfd.readouterr().err
+    assert err.count("recording stopped") == 1 and "training continues" in err
+    assert a.state.steps == 5
+
+
+def test_replay_source_skips_garbage_and_partial_last_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    good = [protocol.message("hello", seq=1, script="x", start=1.0),
+            protocol.message("steps", fields=list(protocol.STEP_FIELDS), rows=[[1, 2.0, 5, 1, 1, 1, 1, 1, None]], seq=2)]
+    data = b"".join(protocol.encode(m) for m in good)
+    (run / "events.jsonl").write_bytes(b"oops not json\n" + data + b'{"v":1,"type":"steps","rows":[[2')
+    source = ReplaySource(run)
+    msgs = list(source.messages())
+    assert [m["type"] for m in msgs] == ["hello", "steps"]
+    assert source.skipped == 1

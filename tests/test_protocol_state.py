@@ -1,0 +1,181 @@
+"""Protocol round trip, decoder robustness, state aggregation and the summary schema."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from perfmon import protocol
+from perfmon.report import build_summary, format_summary, status_line
+from perfmon.state import Histogram, RunState, TimeSeries
+
+
+def steps_msg(rows, seq):
+    return protocol.message("steps", fields=list(protocol.STEP_FIELDS), rows=rows, seq=seq)
+
+
+def row(i, t, dur=10.0, data=1.0, fwd=2.0, bwd=3.0, opt=2.0, samples=32):
+    return [i, t, dur, data, fwd, bwd, opt, dur - data - fwd - bwd - opt, samples]
+
+
+def test_round_trip_preserves_message():
+    msg = steps_msg([row(1, 100.0), row(2, 100.01)], seq=3)
+    back = protocol.decode(protocol.encode(msg))
+    assert back == msg
+    assert protocol.encode(msg).endswith(b"\n") and protocol.encode(msg).count(b"\n") == 1
+
+
+def test_non_finite_floats_become_null():
+    line = protocol.encode(protocol.message("event", kind="x", value=math.nan, more=[math.inf]))
+    assert json.loads(line)["value"] is None and json.loads(line)["more"] == [None]
+
+
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        (b"not json", "not JSON"),
+        (b"[1,2]", "not a JSON object"),
+        (b'{"type":"steps"}', "version"),
+        (b'{"v":99,"type":"steps"}', "newer"),
+        (b'{"v":1,"type":"rm -rf"}', "unknown message type"),
+        (b'{"v":true,"type":"steps"}', "version"),
+        (b"\xff\xfe", "not JSON"),
+    ],
+)
+def test_decode_rejects_bad_lines_with_a_reason(line, why):
+    with pytest.raises(protocol.DecodeError, match=why):
+        protocol.decode(line)
+
+
+def test_decode_rejects_oversized_line():
+    with pytest.raises(protocol.DecodeError, match="limit"):
+        protocol.decode(b'{"v":1,"type":"log","x":"' + b"a" * protocol.MAX_LINE + b'"}')
+
+
+def test_only_whitelisted_commands_pass():
+    assert protocol.decode_command(protocol.encode(protocol.message("command", name="profile")))["name"] == "profile"
+    with pytest.raises(protocol.DecodeError, match="not allowed"):
+        protocol.decode_command(protocol.encode(protocol.message("command", name="exec")))
+    with pytest.raises(protocol.DecodeError):
+        protocol.decode_command(protocol.encode(protocol.message("steps")))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_decoder_never_raises_anything_but_decode_error(data):
+    try:
+        protocol.decode(data)
+    except protocol.DecodeError:
+        pass
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["type", "v", "seq", "rows", "fields", "kind", "code", "start"]), json_values))
+def test_state_survives_any_decodable_message(fields):
+    state = RunState()
+    try:
+        msg = protocol.decode(json.dumps(fields))
+    except protocol.DecodeError:
+        return
+    state.apply(msg)
+    build_summary(state)
+    status_line(state)
+
+
+def hello(seq=1, start=1000.0):
+    return protocol.message("hello", seq=seq, script="train.py", argv=["train.py", "--lr", "3e-4"], pid=42, start=start)
+
+
+def test_state_aggregates_recent_and_total():
+    state = RunState(recent=10)
+    state.apply(hello())
+    rows = [row(i, 1000.0 + i * 0.01, dur=10.0 if i % 2 else 20.0) for i in range(1, 101)]
+    state.apply(steps_msg(rows[:50], seq=2))
+    state.apply(steps_msg(rows[50:], seq=3))
+    assert state.steps == 100
+    assert len(state.recent) == 10
+    total = state.phase_stats(recent=False)
+    assert total["step"]["mean_ms"] == pytest.approx(15.0)
+    assert total["step"]["p50_ms"] == pytest.approx(15.0, rel=0.4)  # between the two modes
+    assert total["step"]["p95_ms"] == pytest.approx(20.0, rel=0.02)
+    assert total["data"]["share"] == pytest.approx(100 / 1500)
+    assert sum(total[p]["share"] for p in protocol.ALL_PHASES) == pytest.approx(1.0)
+    recent = state.phase_stats(recent=True)
+    assert recent["step"]["mean_ms"] == pytest.approx(15.0)
+    assert state.steps_per_s(recent=True) == pytest.approx(10 / (0.1 - 0.010 + 0.020), rel=0.2)
+    assert state.samples_per_s(recent=False) == pytest.approx(32 * state.steps_per_s(recent=False))
+
+
+def test_duplicate_seq_is_ignored():
+    state = RunState()
+    state.apply(hello())
+    msg = steps_msg([row(1, 1000.0)], seq=2)
+    state.apply(msg)
+    state.apply(msg)
+    assert state.totals["step"].hist.n == 1
+
+
+def test_device_times_replace_host_phase_times_when_present():
+    state = RunState()
+    fields = [*protocol.STEP_FIELDS, "dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"]
+    state.apply(protocol.message("steps", fields=fields, rows=[[*row(1, 1000.0), 5.0, None, 1.0]], seq=1))
+    step = state.recent[-1]
+    assert step["forward"] == 5.0 and step["backward"] == 3.0 and step["optimizer"] == 1.0
+    assert state.device_timed
+
+
+def test_exit_states():
+    state = RunState()
+    state.apply(hello())
+    assert state.status == "running"
+    state.apply(protocol.message("event", kind="exit", code=1, exception="ValueError: boom", t=1010.0, seq=2))
+    assert state.status == "failed (ValueError)" and state.exit_status == 1
+    assert state.elapsed() == pytest.approx(10.0)
+    killed = RunState()
+    killed.apply(hello())
+    killed.process_exited(-9)
+    assert killed.status == "killed by SIGKILL" and killed.exit_status == 137
+
+
+def test_summary_schema_shape():
+    state = RunState()
+    state.apply(hello())
+    state.apply(steps_msg([row(i, 1000.0 + i * 0.01) for i in range(1, 21)], seq=2))
+    state.apply(protocol.message("event", kind="exit", code=0, t=1001.0, seq=3))
+    s = build_summary(state)
+    assert s["schema"] == 1 and s["steps"] == 20 and s["exit_code"] == 0 and s["signal"] is None
+    assert s["argv"] == ["train.py", "--lr", "3e-4"]
+    assert set(s["phases"]) == set(protocol.ALL_PHASES)
+    assert sum(p["share"] for p in s["phases"].values()) == pytest.approx(1.0, abs=1e-5)
+    assert s["findings"] == []
+    assert "exited 0" in format_summary(state)
+
+
+def test_histogram_quantiles_are_close():
+    h = Histogram()
+    for x in range(1, 10001):
+        h.add(float(x))
+    assert h.quantile(0.5) == pytest.approx(5000, rel=0.02)
+    assert h.quantile(0.95) == pytest.approx(9500, rel=0.02)
+    assert Histogram().quantile(0.5) is None
+
+
+def test_time_series_memory_is_bounded_over_a_week():
+    ts = TimeSeries()
+    for s in range(0, 7 * 24 * 3600, 5):
+        ts.add(float(s), 1.0)
+    assert sum(len(level) for level in ts.levels) <= sum(n for _, n in TimeSeries.LEVELS)
+    assert len(ts.values(60.0)) <= 61
+    whole = ts.values(None)
+    assert 0 < len(whole) <= 1008
