@@ -40,7 +40,8 @@ def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | N
     """Create and start the agent; returns None (and says why) if it cannot start."""
     run_dir = Path(os.environ.get("PERFMON_RUN_DIR") or paths.default_run_dir(target))
     try:
-        agent = Agent(run_dir, _meta(target, argv, module, run_dir))
+        interval = float(os.environ.get("PERFMON_SAMPLE_INTERVAL") or 1.0)
+        agent = Agent(run_dir, _meta(target, argv, module, run_dir), sample_interval=interval if interval > 0 else None)
         agent.start()
     except Exception as exc:  # noqa: BLE001 - without an agent the script still runs
         print(f"perfmon: agent could not start ({exc}); running the script unmonitored", file=sys.stderr)

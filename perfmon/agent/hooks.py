@@ -10,6 +10,7 @@ are removed and per-instance hooks go on the roots alone.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,7 @@ class Instrumentation:
         self._top_calls = 0
         self._candidates: dict[int, torch.nn.Module] = {}
         self.roots: list[torch.nn.Module] = []
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._root_ids: set[int] = set()
 
     # -- install -------------------------------------------------------------------------
@@ -129,6 +131,10 @@ class Instrumentation:
             def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
                 orig(opt, *args, **kwargs)
                 emit(OPTIMIZER_CREATED, None)
+                try:
+                    self.optimizers.add(opt)
+                except TypeError:
+                    pass
 
             return __init__
 

@@ -32,7 +32,7 @@ EVENT_BUFFER = 500_000
 class Agent:
     """One per training process."""
 
-    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = 0.1) -> None:
+    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = 0.1, sample_interval: float | None = 1.0) -> None:
         self.run_dir = run_dir
         self.meta = meta
         self.tick = tick
@@ -55,6 +55,8 @@ class Agent:
         self.instrumentation: Any = None
         self._cuda_event: Callable[[], Any] | None = None
         self.pid = os.getpid()
+        self.sample_interval = sample_interval
+        self.sampler: Any = None
 
     # -- hot path ------------------------------------------------------------------------
     def emit(self, code: int, arg: Any = None) -> None:
@@ -65,6 +67,15 @@ class Agent:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
+        if self.sample_interval:
+            try:
+                from perfmon.agent.sampler import Sampler
+
+                self.sampler = Sampler(self, self.sample_interval)
+                self.sampler.start()  # opens NVML first: the hello says which GPUs there are
+            except Exception as exc:  # noqa: BLE001 - no telemetry; steps still flow
+                self.record_error("sampler", exc)
+                self.sampler = None
         self.publish(protocol.message("hello", **self.meta))
         self._report_recording_error()
         try:
@@ -89,6 +100,8 @@ class Agent:
         """Flush everything, record the exit, write summary.json, close the socket."""
         self.enabled = False
         self._stop.set()
+        if self.sampler is not None:
+            self.sampler.stop()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
         self._flush(final=True)

@@ -1,0 +1,119 @@
+"""The agent's sampler thread: host, GPU and allocator telemetry, and model facts, at 1-2 Hz.
+
+Runs off the training thread; its own CPU time is measured and reported (``cpu_s``) so its
+cost is visible. Every collector failure is counted, never raised.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+from perfmon import protocol
+from perfmon.collectors.cuda_mem import CudaMemorySampler
+from perfmon.collectors.host import HostSampler
+from perfmon.collectors.nvml import NvmlSampler
+
+
+def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | None:
+    """Parameter counts of the root modules, by dtype, and optimizer state bytes."""
+    if not roots:
+        return None
+    seen: set[int] = set()
+    total = trainable = nbytes = grad_bytes = 0
+    by_dtype: dict[str, int] = {}
+    for root in roots:
+        for p in root.parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            n = p.numel()
+            total += n
+            size = n * p.element_size()
+            nbytes += size
+            if p.requires_grad:
+                trainable += n
+                grad_bytes += size
+            key = str(p.dtype).replace("torch.", "")
+            by_dtype[key] = by_dtype.get(key, 0) + n
+    opt_bytes = 0
+    opt_names = []
+    for opt in optimizers:
+        opt_names.append(type(opt).__name__)
+        for st in list(opt.state.values()):
+            for v in list(st.values()) if isinstance(st, dict) else ():
+                if hasattr(v, "element_size") and hasattr(v, "numel"):
+                    opt_bytes += v.numel() * v.element_size()
+    return {
+        "roots": [type(r).__name__ for r in roots],
+        "params": total, "trainable": trainable, "frozen": total - trainable, "by_dtype": by_dtype,
+        "param_bytes": nbytes, "grad_bytes": grad_bytes, "optimizer_bytes": opt_bytes,
+        "optimizers": opt_names, "static_bytes": nbytes + grad_bytes + opt_bytes,
+    }
+
+
+class Sampler:
+    """Samples every ``interval`` seconds and publishes ``sample`` and ``model`` messages."""
+
+    def __init__(self, agent: Any, interval: float = 1.0, nvml_backend: Any = None) -> None:
+        self.agent = agent
+        self.interval = interval
+        self.nvml = NvmlSampler(nvml_backend, pid=agent.pid)
+        self.host = HostSampler(agent.pid)
+        self.cuda = CudaMemorySampler()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._model_sent: tuple[int, int] | None = None
+
+    def start(self) -> None:
+        reason = self.nvml.open()
+        self.agent.meta["gpus"] = self.nvml.static
+        self.agent.meta["gpu_reason"] = reason
+        self._thread = threading.Thread(target=self._run, name="perfmon-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        self.nvml.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            t0 = time.thread_time()
+            try:
+                self.sample_once()
+            except Exception as exc:  # noqa: BLE001
+                self.agent.record_error("sampler", exc)
+            self.cpu_s = time.thread_time() - t0
+
+    cpu_s = 0.0
+
+    def sample_once(self) -> None:
+        gpus = self.nvml.sample() if self.nvml.handles else []
+        msg = protocol.message(
+            "sample", t=time.time(), host=self.host.sample(), gpus=gpus, cuda_mem=self.cuda.sample(),
+            sampler_cpu_s=round(self.cpu_s, 6), interval_s=self.interval,
+        )
+        self.agent.publish(msg)
+        self._maybe_model()
+
+    def _maybe_model(self) -> None:
+        inst = self.agent.instrumentation
+        if inst is None or "torch" not in sys.modules:
+            return
+        roots = list(inst.roots)
+        opts = list(inst.optimizers)
+        # re-send when roots appear or the optimizer state grows (after the first step)
+        try:
+            facts = model_facts(roots, opts)
+        except RuntimeError:  # the training thread changed optimizer state meanwhile: next time
+            return
+        if facts is None:
+            return
+        key = (facts["params"], facts["optimizer_bytes"])
+        if key != self._model_sent:
+            self._model_sent = key
+            self.agent.publish(protocol.message("model", **facts))

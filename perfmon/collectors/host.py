@@ -1,0 +1,81 @@
+"""Host telemetry through psutil: the trainer, its DataLoader workers, the system.
+
+psutil raises on processes that vanish between listing and reading (workers come and go
+every epoch); every read goes through :func:`_safe` and yields None instead.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+
+def _safe(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except (psutil.Error, OSError, AttributeError):
+        return None
+
+
+class HostSampler:
+    """Call :meth:`sample` periodically; CPU percentages are over the time since the last call."""
+
+    def __init__(self, pid: int | None = None) -> None:
+        self.proc = psutil.Process(pid or os.getpid())
+        self._children: dict[int, psutil.Process] = {}
+        self._io_last: tuple[float, int] | None = None
+        self.cpu_count = psutil.cpu_count() or 1
+        _safe(lambda: self.proc.cpu_percent(None))
+        _safe(lambda: psutil.cpu_percent(None))
+
+    def _workers(self) -> list[psutil.Process]:
+        current = _safe(lambda: self.proc.children(recursive=True)) or []
+        alive = {}
+        for child in current:
+            known = self._children.get(child.pid)
+            if known is None:
+                _safe(lambda c=child: c.cpu_percent(None))  # first call primes the counter
+                known = child
+            alive[child.pid] = known
+        self._children = alive
+        return list(alive.values())
+
+    def sample(self) -> dict[str, Any]:
+        p = self.proc
+        mem = _safe(p.memory_info)
+        workers = self._workers()
+        w_cpu = [_safe(lambda w=w: w.cpu_percent(None)) for w in workers]
+        w_rss = [_safe(lambda w=w: w.memory_info().rss) for w in workers]
+        vm = _safe(psutil.virtual_memory)
+        sw = _safe(psutil.swap_memory)
+        load = _safe(os.getloadavg)
+        return {
+            "cpu_percent": _safe(lambda: p.cpu_percent(None)),
+            "rss_bytes": getattr(mem, "rss", None),
+            "threads": _safe(p.num_threads),
+            "workers": len(workers),
+            "workers_cpu_percent": sum(c for c in w_cpu if c is not None) if workers else 0.0,
+            "workers_rss_bytes": sum(r for r in w_rss if r is not None) if workers else 0,
+            "system_cpu_percent": _safe(lambda: psutil.cpu_percent(None)),
+            "cpu_count": self.cpu_count,
+            "mem_used_bytes": getattr(vm, "used", None),
+            "mem_total_bytes": getattr(vm, "total", None),
+            "mem_available_bytes": getattr(vm, "available", None),
+            "swap_used_bytes": getattr(sw, "used", None),
+            "load1": load[0] if load else None,
+            "io_read_bps": self._io_rate(),
+        }
+
+    def _io_rate(self) -> float | None:
+        io = _safe(self.proc.io_counters)
+        if io is None:
+            return None
+        now = time.monotonic()
+        last, self._io_last = self._io_last, (now, io.read_bytes)
+        if last is None or now <= last[0]:
+            return None
+        return max(0.0, (io.read_bytes - last[1]) / (now - last[0]))
