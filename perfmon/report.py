@@ -83,7 +83,54 @@ def build_summary(state: RunState) -> dict[str, Any]:
         "device_timed": state.device_timed,
         "skipped_lines": state.skipped,
         "agent_errors": state.agent_errors,
+        "device": _device(state),
+        "host": _host(state),
+        "model": _model(state),
         "findings": [],
+    }
+
+
+def _device(state: RunState) -> dict[str, Any] | None:
+    if not state.gpus:
+        return None
+    g = state.gpus[0]
+    cm = state.cuda_mem or {}
+    return {
+        "name": g.get("name"), "count": len(state.gpus), "total_bytes": g.get("total_bytes"),
+        "peak_util": state.peaks.get("util_gpu"),
+        "peak_reserved_bytes": state.peaks.get("peak_reserved_bytes"),
+        "peak_allocated_bytes": state.peaks.get("peak_allocated_bytes"),
+        "alloc_retries": cm.get("alloc_retries"), "ooms": cm.get("ooms"),
+        "power_limit_w": g.get("power_limit_w"), "throttled": g.get("throttled") or [],
+    }
+
+
+def _host(state: RunState) -> dict[str, Any]:
+    host = state.host or {}
+    return {
+        "peak_rss_bytes": state.peaks.get("rss_bytes"),
+        "peak_workers_rss_bytes": state.peaks.get("workers_rss_bytes"),
+        "mean_cpu_percent": _round(state.mean_cpu_percent, 2),
+        "peak_cpu_percent": state.peaks.get("cpu_percent"),
+        "cpu_count": host.get("cpu_count"),
+        "mem_total_bytes": host.get("mem_total_bytes"),
+        "samples": state.samples_seen,
+        "sampler_cpu_fraction": _round(state.sampler_cpu_s / (state.samples_seen * state.sample_interval), 6)
+        if state.samples_seen else None,
+    }
+
+
+def _model(state: RunState) -> dict[str, Any] | None:
+    if state.model is None:
+        return None
+    m = state.model
+    budget = state.memory_budget()
+    return {
+        "params": m.get("params"), "trainable": m.get("trainable"), "frozen": m.get("frozen"),
+        "by_dtype": m.get("by_dtype"), "param_bytes": m.get("param_bytes"),
+        "optimizer_bytes": m.get("optimizer_bytes"), "static_bytes": m.get("static_bytes"),
+        "per_sample_bytes": budget["per_sample_bytes"], "max_batch": budget["max_batch"],
+        "memory_note": budget["reason"],
     }
 
 

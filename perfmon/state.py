@@ -17,6 +17,8 @@ from typing import Any
 from perfmon.protocol import ALL_PHASES, PHASES, step_rows_to_dicts
 
 RECENT_STEPS = 200
+#: Telemetry kept as multi-resolution series (sparklines over the whole run).
+SERIES = ("cpu", "rss", "gpu_util", "gpu_mem")
 
 
 class Histogram:
@@ -133,6 +135,17 @@ class RunState:
         self.warnings: list[str] = []
         self.agent_errors: dict[str, int] = {}
         self.device_timed = False
+        self.host: dict[str, Any] | None = None
+        self.gpus: list[dict[str, Any]] = []
+        self.cuda_mem: dict[str, Any] | None = None
+        self.model: dict[str, Any] | None = None
+        self.samples_seen = 0
+        self.series: dict[str, TimeSeries] = {k: TimeSeries() for k in SERIES}
+        self.peaks: dict[str, float] = {}
+        self._cpu_sum = 0.0
+        self._cpu_n = 0
+        self.sampler_cpu_s = 0.0
+        self.sample_interval = 1.0
 
     # -- ingest -------------------------------------------------------------------------
     def apply(self, msg: dict[str, Any]) -> None:
@@ -151,6 +164,10 @@ class RunState:
                     self._add_step(row)
             elif kind == "event":
                 self._event(msg)
+            elif kind == "sample":
+                self._sample(msg)
+            elif kind == "model":
+                self.model = {k: v for k, v in msg.items() if k not in ("v", "type", "seq")}
         except (TypeError, ValueError, KeyError):
             self.skipped += 1
 
@@ -180,6 +197,89 @@ class RunState:
             self.first_start = start
         self.last_end = max(self.last_end or step["t"], step["t"])
         self.step_series.add(step["t"], dur)
+
+    def _peak(self, key: str, value: Any) -> None:
+        if isinstance(value, int | float):
+            self.peaks[key] = max(self.peaks.get(key, value), value)
+
+    def _sample(self, msg: dict[str, Any]) -> None:
+        t = float(msg["t"])
+        host = msg.get("host")
+        self.samples_seen += 1
+        if isinstance(msg.get("sampler_cpu_s"), int | float):
+            self.sampler_cpu_s += msg["sampler_cpu_s"]
+        if isinstance(msg.get("interval_s"), int | float):
+            self.sample_interval = msg["interval_s"]
+        if isinstance(host, dict):
+            self.host = host
+            cpu = host.get("cpu_percent")
+            if isinstance(cpu, int | float):
+                self.series["cpu"].add(t, cpu)
+                self._cpu_sum += cpu
+                self._cpu_n += 1
+                self._peak("cpu_percent", cpu)
+            rss = host.get("rss_bytes")
+            if isinstance(rss, int | float):
+                self.series["rss"].add(t, rss)
+                self._peak("rss_bytes", rss)
+            self._peak("workers_rss_bytes", host.get("workers_rss_bytes"))
+        gpus = msg.get("gpus")
+        if isinstance(gpus, list):
+            self.gpus = [g for g in gpus if isinstance(g, dict)]
+            if self.gpus:
+                g0 = self.gpus[0]
+                if isinstance(g0.get("util_gpu"), int | float):
+                    self.series["gpu_util"].add(t, g0["util_gpu"])
+                    self._peak("util_gpu", g0["util_gpu"])
+                if isinstance(g0.get("mem_used_bytes"), int | float):
+                    self.series["gpu_mem"].add(t, g0["mem_used_bytes"])
+        cm = msg.get("cuda_mem")
+        self.cuda_mem = cm if isinstance(cm, dict) else self.cuda_mem
+        if self.cuda_mem:
+            self._peak("peak_reserved_bytes", self.cuda_mem.get("peak_reserved_bytes"))
+            self._peak("peak_allocated_bytes", self.cuda_mem.get("peak_allocated_bytes"))
+
+    @property
+    def mean_cpu_percent(self) -> float | None:
+        return self._cpu_sum / self._cpu_n if self._cpu_n else None
+
+    def batch_size(self) -> int | None:
+        """Typical samples per step over the recent window (median)."""
+        values = sorted(s["samples"] for s in self.recent if s["samples"])
+        return values[len(values) // 2] if values else None
+
+    def memory_budget(self) -> dict[str, Any]:
+        """Static vs per-step peak memory, per-sample activation memory, the largest batch that fits."""
+        model = self.model or {}
+        static = model.get("static_bytes")
+        out: dict[str, Any] = {"static_bytes": static, "peak_bytes": None, "activation_bytes": None,
+                               "per_sample_bytes": None, "batch": self.batch_size(), "max_batch": None,
+                               "capacity_bytes": None, "margin": None, "reason": None}
+        if not self.cuda_mem or not self.gpus:
+            out["reason"] = ("CPU run: no allocator statistics, activation memory cannot be told apart from "
+                             "the process's RSS" if self.meta.get("cuda") is not True else "waiting for allocator statistics")
+            return out
+        capacity = self.gpus[0].get("total_bytes")
+        peak = self.cuda_mem.get("peak_allocated_bytes")
+        reserved_peak = self.cuda_mem.get("peak_reserved_bytes")
+        out.update(capacity_bytes=capacity, peak_bytes=peak)
+        if isinstance(capacity, int | float) and isinstance(reserved_peak, int | float) and capacity:
+            out["margin"] = 1.0 - reserved_peak / capacity
+        if not isinstance(static, int | float) or not isinstance(peak, int | float):
+            out["reason"] = "waiting for model facts"
+            return out
+        activation = max(0, peak - static)
+        out["activation_bytes"] = activation
+        batch = out["batch"]
+        if not batch or not activation:
+            out["reason"] = "batch size unknown (no DataLoader batches seen)" if not batch else None
+            return out
+        per_sample = activation / batch
+        out["per_sample_bytes"] = int(per_sample)
+        if isinstance(capacity, int | float):
+            # keep 5% of the device for the allocator's own slack and the CUDA context
+            out["max_batch"] = max(0, int((capacity * 0.95 - static) // per_sample))
+        return out
 
     def _event(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
