@@ -1,0 +1,71 @@
+"""GPU smoke check (< 3 minutes): real NVML, real allocator numbers, CUDA-event phase times.
+
+    perfmon --headless --interval 5 demos/gpu_smoke.py --steps 400
+    perfmon report perfmon-runs/<run> --json
+
+Run directly (python demos/gpu_smoke.py --check) it also prints what perfmon's own
+collectors read on this machine, for comparison with nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+from torch import nn
+
+
+def collectors_check() -> None:
+    from perfmon.collectors.nvml import NvmlSampler
+
+    s = NvmlSampler()
+    print("nvml:", s.open() or "ok")
+    print(json.dumps(s.sample(), indent=1, default=str))
+    if torch.cuda.is_available():
+        torch.ones(1, device="cuda")
+        from perfmon.collectors.cuda_mem import CudaMemorySampler
+
+        print("allocator:", CudaMemorySampler().sample())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--width", type=int, default=4096)
+    p.add_argument("--check", action="store_true", help="print the collectors' raw readings first")
+    args = p.parse_args()
+    if args.check:
+        collectors_check()
+    if not torch.cuda.is_available():
+        print("no CUDA device: this smoke check needs a GPU", file=sys.stderr)
+        sys.exit(3)
+    dev = torch.device("cuda")
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(args.width, args.width), nn.GELU()) for _ in range(6)]).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x = torch.randn(args.batch_size * 8, args.width)
+    y = torch.randn(args.batch_size * 8, args.width)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=args.batch_size,
+                                         shuffle=True, pin_memory=True, drop_last=True)
+    step = 0
+    while step < args.steps:
+        for xb, yb in loader:
+            xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = nn.functional.mse_loss(model(xb), yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            if step % 100 == 0:
+                print(f"step {step} loss {loss.item():.4f} "
+                      f"allocated {torch.cuda.memory_allocated() / 2**30:.2f} GiB "
+                      f"reserved {torch.cuda.memory_reserved() / 2**30:.2f} GiB", flush=True)
+            if step >= args.steps:
+                break
+
+
+if __name__ == "__main__":
+    main()
