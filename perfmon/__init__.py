@@ -29,6 +29,7 @@ def step() -> None:
     agent = _api.get_agent()
     if agent is not None:
         agent.emit(2, None)  # steps.STEP
+        agent.boundary()
 
 
 @contextmanager

@@ -37,6 +37,13 @@ def _run_parser() -> _Parser:
     p.add_argument("--interval", type=float, default=10.0, metavar="S", help="headless status line period (default 10 s)")
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="recording dir (default ./perfmon-runs/<time>-<script>/)")
     p.add_argument("--python", metavar="EXE", help="interpreter for the job (must have perfmon and torch installed)")
+    p.add_argument("--sample-interval", type=float, default=1.0, metavar="S", help="telemetry sampling period (default 1 s)")
+    p.add_argument("--profile-every", type=int, metavar="N", help="capture a profiler window every N steps")
+    p.add_argument("--profile-interval", type=float, metavar="S", help="capture a profiler window every S seconds")
+    p.add_argument("--profile-schedule", default="1,1,3", metavar="W,U,A",
+                   help="profiler window: wait, warmup, active steps (default 1,1,3)")
+    p.add_argument("--count-flops", action="store_true", help="count one step's FLOPs at start (for MFU)")
+    p.add_argument("--peak-tflops", type=float, metavar="T", help="device peak TFLOP/s for MFU (default: from a table of GPUs)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script, like python -m")
     p.add_argument("--version", action="version", version=f"perfmon {__version__}")
     return p
@@ -44,7 +51,8 @@ def _run_parser() -> _Parser:
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     """Options of perfmon vs the script and its arguments: the first bare word (or -m X) splits them."""
-    takes_value = {"--interval", "--run-dir", "--python"}
+    takes_value = {"--interval", "--run-dir", "--python", "--sample-interval", "--profile-every", "--profile-interval",
+                   "--profile-schedule", "--peak-tflops"}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -76,6 +84,27 @@ def _report(argv: list[str]) -> int:
         return 2
 
 
+def _agent_env(args: argparse.Namespace) -> dict[str, str]:
+    """Settings for the agent, passed through its environment."""
+    sched = args.profile_schedule.split(",")
+    if len(sched) != 3 or not all(x.strip().isdigit() for x in sched) or int(sched[2]) < 1:
+        _run_parser().error(f"--profile-schedule wants WAIT,WARMUP,ACTIVE (ACTIVE >= 1), got {args.profile_schedule!r}")
+    if args.profile_every is not None and args.profile_every < 1:
+        _run_parser().error("--profile-every must be >= 1")
+    if args.sample_interval <= 0:
+        _run_parser().error("--sample-interval must be positive")
+    env = {"PERFMON_SAMPLE_INTERVAL": str(args.sample_interval), "PERFMON_PROFILE_SCHEDULE": args.profile_schedule}
+    if args.profile_every:
+        env["PERFMON_PROFILE_EVERY"] = str(args.profile_every)
+    if args.profile_interval:
+        env["PERFMON_PROFILE_INTERVAL"] = str(args.profile_interval)
+    if args.count_flops:
+        env["PERFMON_COUNT_FLOPS"] = "1"
+    if args.peak_tflops:
+        env["PERFMON_PEAK_TFLOPS"] = str(args.peak_tflops)
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "report":
@@ -90,10 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     target = Target(script=None if args.module else rest[0], module=args.module, args=rest if args.module else rest[1:])
     if args.interval <= 0:
         _run_parser().error("--interval must be positive")
+    env = _agent_env(args)
     try:
         check_target(target, args.python)
         run_dir = args.run_dir or default_run_dir(target.name)
-        proc = TrainingProcess(target, run_dir, args.python).start()
+        proc = TrainingProcess(target, run_dir, args.python, env).start()
     except LaunchError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2

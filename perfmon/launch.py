@@ -63,8 +63,10 @@ def check_target(target: Target, python: str | None) -> None:
 class TrainingProcess:
     """The launched job: ``python -m perfmon.agent TARGET ARGS`` in its own session."""
 
-    def __init__(self, target: Target, run_dir: Path, python: str | None = None) -> None:
+    def __init__(self, target: Target, run_dir: Path, python: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
         self.target = target
+        self.extra_env = env or {}
         self.run_dir = run_dir
         self.python = python or sys.executable
         self.popen: subprocess.Popen[bytes] | None = None
@@ -86,7 +88,7 @@ class TrainingProcess:
             log = open(self.run_dir / "output.log", "ab")
         except OSError as exc:
             raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
-        env = dict(os.environ, PERFMON_RUN_DIR=str(self.run_dir.resolve()), KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"))
+        env = dict(os.environ, **self.extra_env, PERFMON_RUN_DIR=str(self.run_dir.resolve()), KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"))
         try:
             self.popen = subprocess.Popen(
                 [self.python, "-m", "perfmon.agent", *self.target.agent_argv()],

@@ -167,7 +167,8 @@ class RunState:
             elif kind == "sample":
                 self._sample(msg)
             elif kind == "model":
-                self.model = {k: v for k, v in msg.items() if k not in ("v", "type", "seq")}
+                # model facts arrive in pieces (parameters, then FLOPs): merge them
+                self.model = {**(self.model or {}), **{k: v for k, v in msg.items() if k not in ("v", "type", "seq")}}
         except (TypeError, ValueError, KeyError):
             self.skipped += 1
 

@@ -60,9 +60,11 @@ def install_hooks(agent: Agent) -> None:
     if agent.instrumentation is not None:
         return
     try:
+        from perfmon.agent.commands import Commands
         from perfmon.agent.hooks import Instrumentation
 
-        inst = Instrumentation(agent.emit, agent.record_error)
+        agent.commands = Commands(agent, _profile_config())
+        inst = Instrumentation(agent.emit, agent.record_error, agent.boundary)
         inst.install()
         agent.instrumentation = inst
         torch = sys.modules["torch"]
@@ -70,6 +72,18 @@ def install_hooks(agent: Agent) -> None:
     except Exception as exc:  # noqa: BLE001
         agent.record_error("hooks", exc)
         print(f"perfmon: could not instrument torch ({exc}); use perfmon.step() to mark steps", file=sys.stderr)
+
+
+def _profile_config() -> dict[str, Any]:
+    """Profiler settings the launcher passes through the environment."""
+    env = os.environ
+    wait, warmup, active = (int(x) for x in (env.get("PERFMON_PROFILE_SCHEDULE") or "1,1,3").split(","))
+    return {
+        "wait": wait, "warmup": warmup, "active": active,
+        "every": int(env.get("PERFMON_PROFILE_EVERY") or 0),
+        "interval": float(env.get("PERFMON_PROFILE_INTERVAL") or 0),
+        "count_flops": env.get("PERFMON_COUNT_FLOPS") == "1",
+    }
 
 
 class _TorchImportHook(importlib.abc.MetaPathFinder):

@@ -41,8 +41,10 @@ def batch_size(batch: Any) -> int | None:
 class Instrumentation:
     """Installs and removes the patches; one instance per process."""
 
-    def __init__(self, emit: Emit, on_error: Callable[[str, BaseException], None]) -> None:
+    def __init__(self, emit: Emit, on_error: Callable[[str, BaseException], None],
+                 boundary: Callable[[], None] = lambda: None) -> None:
         self._emit = emit
+        self._boundary = boundary
         self._on_error = on_error
         self._undo: list[Callable[[], None]] = []
         self._discovery: list[Any] = []
@@ -113,6 +115,8 @@ class Instrumentation:
                     return orig(*args, **kwargs)
                 finally:
                     emit(END, "backward")
+                    if not self.optimizers:
+                        self._boundary()  # manual updates: a backward is the last thing a step does
 
             return backward
 
@@ -122,8 +126,14 @@ class Instrumentation:
         from torch.optim import optimizer as optim_mod
 
         emit = self._emit
+        boundary = self._boundary
+
+        def post_hook(opt: Any, args: Any, kwargs: Any) -> None:
+            emit(END, "optimizer")
+            boundary()
+
         pre = optim_mod.register_optimizer_step_pre_hook(lambda opt, args, kwargs: emit(BEGIN, "optimizer"))
-        post = optim_mod.register_optimizer_step_post_hook(lambda opt, args, kwargs: emit(END, "optimizer"))
+        post = optim_mod.register_optimizer_step_post_hook(post_hook)
         self._undo.append(pre.remove)
         self._undo.append(post.remove)
 

@@ -57,6 +57,7 @@ class Agent:
         self.pid = os.getpid()
         self.sample_interval = sample_interval
         self.sampler: Any = None
+        self.commands: Any = None
 
     # -- hot path ------------------------------------------------------------------------
     def emit(self, code: int, arg: Any = None) -> None:
@@ -98,6 +99,8 @@ class Agent:
 
     def finish(self, exit_info: dict[str, Any]) -> None:
         """Flush everything, record the exit, write summary.json, close the socket."""
+        if self.commands is not None:
+            self.commands.finish()
         self.enabled = False
         self._stop.set()
         if self.sampler is not None:
@@ -141,11 +144,18 @@ class Agent:
         return protocol.encode(hello)
 
     def _on_command(self, msg: dict[str, Any], reply: Callable[[bytes], None]) -> None:
-        result = protocol.message(
-            "event", kind="command_result", name=msg.get("name"), id=msg.get("id"), ok=False,
-            error="not supported by this agent yet",
-        )
-        reply(protocol.encode(result))
+        if self.commands is None:
+            reply(protocol.encode(protocol.message(
+                "event", kind="command_result", name=msg.get("name"), id=msg.get("id"), ok=False, done=True,
+                message="commands are not available (torch not instrumented)")))
+            return
+        self.commands.request(msg, reply)
+
+    def boundary(self) -> None:
+        """A step boundary on the training thread: run pending commands and profiler windows."""
+        commands = self.commands
+        if commands is not None and self.enabled:
+            commands.boundary()
 
     def _report_recording_error(self) -> None:
         if self.recorder.error and not self._warned_recording:

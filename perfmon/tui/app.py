@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from textual import work
 from textual.app import App, ComposeResult
@@ -149,8 +149,8 @@ class PerfmonApp(App[None]):
             self._pump()
         if self.process is not None:
             self._watch_process()
-        if self.run_dir is not None:
-            self._tail_output(Path(self.run_dir) / "output.log")
+        if self.run_dir is not None or self.source is not None:
+            self._tail_output()
 
     def on_unmount(self) -> None:
         self._stop_background()
@@ -237,9 +237,15 @@ class PerfmonApp(App[None]):
         self.post_message(ProcessExited(code))
 
     @work(thread=True, exit_on_error=False, group="output")
-    def _tail_output(self, path: Path) -> None:
-        """Post new complete lines of ``path`` about 4 times a second; ends after the job did."""
-        tail = OutputTail(path)
+    def _tail_output(self) -> None:
+        """Post new complete lines of ``RUN/output.log`` about 4 times a second; ends after the job did."""
+        tail: OutputTail | None = None
+        while tail is None:  # an attached source learns its run dir from the agent's hello
+            run_dir = self.run_dir or getattr(self.source, "run_dir", None) or self.state.meta.get("run_dir")
+            if run_dir:
+                tail = OutputTail(Path(run_dir) / "output.log")
+            elif self._ended.is_set() or self._closing.wait(LOG_POLL_S):
+                return
         while True:
             ended = self._ended.is_set()
             lines = tail.read()
@@ -311,10 +317,3 @@ class PerfmonApp(App[None]):
             keys.append(binding.key_display or binding.key)
         rows = [(", ".join(keys), text) for keys, text in seen.values()]
         return [*rows, SCROLL_HELP]
-
-
-def run_dashboard(state: RunState, source: Any, run_dir: Path | None, process: Any = None) -> str:
-    """Run the dashboard in this terminal and return its outcome."""
-    app = PerfmonApp(state, source, run_dir, process)
-    app.run()
-    return app.outcome

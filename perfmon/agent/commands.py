@@ -1,0 +1,189 @@
+"""Whitelisted commands from monitors, run on the training thread at the next step boundary.
+
+The socket thread only queues a request (``request``) and answers at once whether it was
+accepted; the work happens in :meth:`Commands.boundary`, called from the hooks that end a
+step. That call costs one attribute check when nothing is pending.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from perfmon import protocol
+
+
+class Commands:
+    def __init__(self, agent: Any, config: dict[str, Any]) -> None:
+        self.agent = agent
+        self.run_dir: Path = agent.run_dir
+        self.wait = int(config.get("wait", 1))
+        self.warmup = int(config.get("warmup", 1))
+        self.active = int(config.get("active", 3))
+        self.every = int(config.get("every") or 0)
+        self.interval = float(config.get("interval") or 0)
+        self.count_flops_at_start = bool(config.get("count_flops"))
+        self.boundaries = 0
+        self.window: Any = None
+        self.flops_mode: Any = None
+        self.last_profile: dict[str, Any] | None = None
+        self._queue: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]] = []
+        self._lock = threading.Lock()
+        self.pending = self.count_flops_at_start
+        self._next_every = self.every if self.every else None
+        self._next_time = time.monotonic() + self.interval if self.interval else None
+        if self.count_flops_at_start:
+            self._queue.append(("count_flops", {}, lambda r: None))
+
+    # -- socket thread -------------------------------------------------------------------------
+    def request(self, msg: dict[str, Any], reply: Callable[[bytes], None]) -> None:
+        name = msg["name"]
+        rid = msg.get("id")
+
+        def answer(fields: dict[str, Any]) -> None:
+            reply(protocol.encode(protocol.message("event", kind="command_result", name=name, id=rid, **fields)))
+
+        torch = sys.modules.get("torch")
+        cuda = bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+        if name == "empty_cache" and not cuda:
+            answer({"ok": True, "done": True, "message": "no CUDA device: nothing to free"})
+            return
+        if name == "memory_snapshot" and not cuda:
+            answer({"ok": False, "done": True, "message": "memory snapshot: n/a (no CUDA device)"})
+            return
+        if name == "export":
+            answer(self.export())
+            return
+        if name == "profile" and (self.window is not None or any(q[0] == "profile" for q in self._queue)):
+            answer({"ok": False, "done": True, "message": "busy: a profiler window is already being captured"})
+            return
+        if self.agent.instrumentation is None and name in ("profile", "count_flops"):
+            answer({"ok": False, "done": True, "message": "torch is not imported yet"})
+            return
+        with self._lock:
+            self._queue.append((name, msg, answer))
+            self.pending = True
+        answer({"ok": True, "done": False, "message": f"{name}: starts at the next step boundary"})
+
+    # -- training thread ---------------------------------------------------------------------------
+    def boundary(self) -> None:
+        """A step just ended on the training thread."""
+        self.boundaries += 1
+        if not self.pending and self.window is None and self.flops_mode is None and not self._periodic_due():
+            return
+        try:
+            self._boundary_work()
+        except Exception as exc:  # noqa: BLE001 - a command must never break training
+            self.agent.record_error("command", exc)
+
+    def _periodic_due(self) -> bool:
+        if self._next_every is not None and self.boundaries >= self._next_every:
+            return True
+        return self._next_time is not None and time.monotonic() >= self._next_time
+
+    def _boundary_work(self) -> None:
+        if self.window is not None:
+            if self.window.step():
+                self.window = None
+        if self.flops_mode is not None:
+            self._finish_flops()
+        with self._lock:
+            queue, self._queue = self._queue, []
+            self.pending = False
+        for name, msg, answer in queue:
+            getattr(self, f"_do_{name}")(msg, answer)
+        if self.window is None and self._periodic_due():
+            self._start_window("periodic", lambda r: None)
+            if self._next_every is not None:
+                self._next_every = self.boundaries + self.every
+            if self._next_time is not None:
+                self._next_time = time.monotonic() + self.interval
+
+    def _start_window(self, reason: str, answer: Callable[[dict[str, Any]], None]) -> None:
+        from perfmon.agent.profiler import ProfilerWindow
+
+        def publish(msg: dict[str, Any]) -> None:
+            self.last_profile = msg
+            self.agent.publish(msg)
+            answer({"ok": True, "done": True, "message": f"profile ready: {len(msg['top_ops'])} top ops", "trace": msg["trace"]})
+
+        window = ProfilerWindow(self.run_dir / "traces", self.wait, self.warmup, self.active,
+                                lambda: self.agent.tracker.count, publish, self.agent.record_error, reason)
+        window.start()
+        self.window = window
+        self.agent.publish(protocol.message("event", kind="profile_started", reason=reason,
+                                            steps=window.total, t=time.time()))
+
+    def _do_profile(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+        if self.window is not None:
+            answer({"ok": False, "done": True, "message": "busy: a profiler window is already being captured"})
+            return
+        self._start_window("on demand", answer)
+
+    def _do_empty_cache(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+        torch = sys.modules["torch"]
+        before = torch.cuda.memory_reserved()
+        torch.cuda.empty_cache()
+        after = torch.cuda.memory_reserved()
+        answer({"ok": True, "done": True, "reserved_before": before, "reserved_after": after,
+                "message": f"empty_cache: reserved {before / 2**20:,.0f} MiB -> {after / 2**20:,.0f} MiB"})
+
+    def _do_memory_snapshot(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+        torch = sys.modules["torch"]
+        out = self.run_dir / "memory" / f"snapshot-step{self.agent.tracker.count}-{int(time.time())}.pickle"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # history recording must have been on to show allocations; turn it on for the next snapshots
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+        torch.cuda.memory._dump_snapshot(str(out))
+        answer({"ok": True, "done": True, "path": str(out),
+                "message": f"memory snapshot saved: {out} (open it at pytorch.org/memory_viz)"})
+
+    def _do_count_flops(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        mode = FlopCounterMode(display=False)
+        mode.__enter__()
+        self.flops_mode = (mode, answer, self.agent.tracker.count)
+
+    def _finish_flops(self) -> None:
+        mode, answer, _ = self.flops_mode
+        self.flops_mode = None
+        mode.__exit__(None, None, None)
+        flops = int(mode.get_total_flops())
+        self.agent.publish(protocol.message("model", flops_per_step=flops, flops_counted_at=time.time()))
+        answer({"ok": True, "done": True, "flops_per_step": flops, "message": f"FLOPs per step: {flops:,}"})
+
+    def export(self) -> dict[str, Any]:
+        prof = self.last_profile
+        if prof is None:
+            return {"ok": False, "done": True, "message": "no profiler window yet: press p first"}
+        out = self.run_dir / "exports" / f"top-ops-step{prof['step']}.txt"
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            lines = [f"perfmon top ops, window at step {prof['step']} ({prof['active_steps']} active steps)",
+                     f"trace: {prof['trace']}", "",
+                     f"{'op':<48} {'calls':>7} {'self ms':>10} {'total ms':>10} {'share':>7} {'flops':>14}"]
+            for r in prof["top_ops"]:
+                lines.append(f"{r['name'][:48]:<48} {r['calls']:>7} {r['self_ms']:>10.3f} {r['total_ms']:>10.3f} "
+                             f"{r['share'] * 100:>6.1f}% {r['flops']:>14,}")
+            out.write_text("\n".join(lines) + "\n")
+        except OSError as exc:
+            return {"ok": False, "done": True, "message": f"export failed: {exc}"}
+        return {"ok": True, "done": True, "path": str(out), "trace": prof["trace"],
+                "message": f"exported {out} (trace {prof['trace']})"}
+
+    def finish(self) -> None:
+        """The job is ending: close any open window or FLOP counter cleanly."""
+        if self.window is not None:
+            self.window.abort()
+            self.window = None
+        if self.flops_mode is not None:
+            try:
+                self.flops_mode[0].__exit__(None, None, None)
+            except Exception:  # noqa: BLE001
+                pass
+            self.flops_mode = None

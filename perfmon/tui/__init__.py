@@ -1,0 +1,1 @@
+"""Textual dashboard (the only package that imports textual)."""

@@ -1,0 +1,1 @@
+"""Dashboard panels, one a module."""
