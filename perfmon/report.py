@@ -86,6 +86,14 @@ def build_summary(state: RunState) -> dict[str, Any]:
         "device": _device(state),
         "host": _host(state),
         "model": _model(state),
+        "profiles": [
+            {"step": p.get("step"), "top_ops": [
+                {k: op.get(k) for k in ("name", "calls", "self_ms", "total_ms", "share", "flops")} for op in p.get("top_ops", [])],
+             "syncs_per_step": p.get("syncs_per_step"), "device_busy": p.get("device_busy"), "trace": p.get("trace")}
+            for p in state.profiles
+        ],
+        "flops_per_step": state.flops()["flops_per_step"],
+        "mfu": _round(state.flops()["mfu"], 4),
         "findings": [],
     }
 

@@ -146,6 +146,9 @@ class RunState:
         self._cpu_n = 0
         self.sampler_cpu_s = 0.0
         self.sample_interval = 1.0
+        self.profiles: deque[dict[str, Any]] = deque(maxlen=20)
+        self.profiling: dict[str, Any] | None = None
+        self.command_results: deque[dict[str, Any]] = deque(maxlen=50)
 
     # -- ingest -------------------------------------------------------------------------
     def apply(self, msg: dict[str, Any]) -> None:
@@ -166,6 +169,9 @@ class RunState:
                 self._event(msg)
             elif kind == "sample":
                 self._sample(msg)
+            elif kind == "profile":
+                self.profiles.append({k: v for k, v in msg.items() if k not in ("v", "type")})
+                self.profiling = None
             elif kind == "model":
                 # model facts arrive in pieces (parameters, then FLOPs): merge them
                 self.model = {**(self.model or {}), **{k: v for k, v in msg.items() if k not in ("v", "type", "seq")}}
@@ -249,6 +255,27 @@ class RunState:
         values = sorted(s["samples"] for s in self.recent if s["samples"])
         return values[len(values) // 2] if values else None
 
+    def flops(self) -> dict[str, Any]:
+        """FLOPs per step, achieved FLOP/s from the recent step time, and MFU where a peak is known."""
+        from perfmon.peaks import peak_tflops
+
+        per_step = (self.model or {}).get("flops_per_step")
+        step_ms = self.phase_stats(recent=True)["step"]["mean_ms"]
+        achieved = per_step / (step_ms / 1000.0) if per_step and step_ms else None
+        peak = self.meta.get("peak_tflops")
+        source = "--peak-tflops" if peak else None
+        if not peak and self.gpus:
+            peak = peak_tflops(self.gpus[0].get("name"))
+            source = f"{self.gpus[0].get('name')} dense bf16" if peak else None
+        mfu = achieved / (peak * 1e12) if achieved and peak else None
+        reason = None
+        if mfu is None:
+            reason = ("no FLOP count yet (press f)" if not per_step else
+                      "no known peak for this device: pass --peak-tflops" if self.gpus else
+                      "CPU run: MFU needs --peak-tflops")
+        return {"flops_per_step": per_step, "achieved_flops": achieved, "peak_tflops": peak,
+                "peak_source": source, "mfu": mfu, "reason": reason}
+
     def memory_budget(self) -> dict[str, Any]:
         """Static vs per-step peak memory, per-sample activation memory, the largest batch that fits."""
         model = self.model or {}
@@ -291,6 +318,10 @@ class RunState:
             )
             if isinstance(msg.get("agent_errors"), dict):
                 self.agent_errors = dict(msg["agent_errors"])
+        elif kind == "profile_started":
+            self.profiling = {"reason": msg.get("reason"), "t": msg.get("t"), "step": self.steps}
+        elif kind == "command_result":
+            self.command_results.append({k: v for k, v in msg.items() if k not in ("v", "type")})
         elif kind == "warning" and isinstance(msg.get("message"), str):
             self.warnings = [*self.warnings[-19:], msg["message"]]
 

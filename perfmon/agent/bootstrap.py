@@ -33,6 +33,7 @@ def _meta(target: str, argv: list[str], module: bool, run_dir: Path) -> dict[str
         "start": time.time(), "run_dir": str(run_dir), "python": sys.executable,
         "python_version": sys.version.split()[0], "torch": torch_version, "cuda": None,
         "host": socket.gethostname(), "rank": int(rank) if rank and rank.isdigit() else None,
+        "peak_tflops": float(os.environ["PERFMON_PEAK_TFLOPS"]) if os.environ.get("PERFMON_PEAK_TFLOPS") else None,
     }
 
 

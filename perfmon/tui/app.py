@@ -87,7 +87,7 @@ class OutputLines(Message):
 class PerfmonApp(App[None]):
     """The live dashboard. After :meth:`run`, :attr:`outcome` says how it ended."""
 
-    CSS_PATH = "app.tcss"
+    CSS_PATH = str(Path(__file__).with_name("app.tcss"))
     TITLE = "perfmon"
     BINDINGS = KEYS
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
