@@ -1,0 +1,129 @@
+"""Commands and profiler windows against a real training process on CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from perfmon.launch import Target, TrainingProcess
+from perfmon.sources import LiveSource, wait_for_socket
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "demos" / "train_mlp.py"
+pytestmark = pytest.mark.e2e
+
+
+class Session:
+    """A launched job and a live connection that collects every message."""
+
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.proc = TrainingProcess(Target(str(DEMO), None, list(args)), tmp / "run").start()
+        assert wait_for_socket(self.proc.socket_path, self.proc.alive, timeout=60)
+        self.source = LiveSource(self.proc.socket_path, self.proc.run_dir)
+        self.source.connect()
+        self.messages: list[dict] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for msg in self.source.messages():
+            with self._cond:
+                self.messages.append(msg)
+                self._cond.notify_all()
+
+    def wait_for(self, pred, timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for m in self.messages:
+                    if pred(m):
+                        return m
+                left = deadline - time.monotonic()
+                assert left > 0, f"timed out; last messages: {[m.get('type') for m in self.messages[-5:]]}"
+                self._cond.wait(left)
+
+    def result(self, name: str, done: bool = True, after: int = 0) -> dict:
+        return self.wait_for(lambda m: m.get("kind") == "command_result" and m.get("name") == name
+                             and m.get("done") == done and m.get("id", 0) >= after)
+
+    def close(self) -> None:
+        if self.proc.alive():
+            self.proc.stop()
+            self.proc.stop()
+        self.proc.wait()
+        self.source.close()
+
+
+@pytest.fixture
+def session(tmp_path):
+    s = Session(tmp_path, "--steps", "100000")
+    yield s
+    s.close()
+
+
+def test_profile_window_on_demand_and_busy_and_export(session):
+    session.wait_for(lambda m: m.get("type") == "steps")
+    assert session.source.send({"name": "export", "id": 1})
+    assert "no profiler window yet" in session.result("export", after=1)["message"]
+    assert session.source.send({"name": "profile", "id": 2})
+    assert session.result("profile", done=False)["ok"] is True
+    assert session.source.send({"name": "profile", "id": 3})
+    busy = session.wait_for(lambda m: m.get("kind") == "command_result" and m.get("id") == 3)
+    assert busy["ok"] is False and "busy" in busy["message"]
+    prof = session.wait_for(lambda m: m.get("type") == "profile")
+    names = [op["name"] for op in prof["top_ops"]]
+    assert {"aten::addmm", "aten::mm"} & set(names)
+    assert prof["active_steps"] == 3 and prof["device"] == "cpu"
+    assert abs(sum(op["share"] for op in prof["top_ops"]) - 1.0) < 0.5  # top 30 of all ops
+    mm = next(op for op in prof["top_ops"] if op["name"] in ("aten::addmm", "aten::mm"))
+    assert mm["flops"] > 0 and mm["calls"] >= 3
+    trace = Path(prof["trace"])
+    assert trace.parent == session.proc.run_dir / "traces" and trace.name.endswith(".pt.trace.json")
+    assert "traceEvents" in json.loads(trace.read_text())  # a Chrome trace
+    assert session.source.send({"name": "export", "id": 4})
+    exported = session.result("export", after=4)
+    assert exported["ok"] and Path(exported["path"]).read_text().count("aten::") >= 3
+
+
+def test_cpu_cache_and_snapshot_say_plainly_there_is_no_cuda(session):
+    session.wait_for(lambda m: m.get("type") == "steps")
+    session.source.send({"name": "empty_cache", "id": 1})
+    assert session.result("empty_cache")["message"] == "no CUDA device: nothing to free"
+    session.source.send({"name": "memory_snapshot", "id": 2})
+    snap = session.result("memory_snapshot")
+    assert snap["ok"] is False and "n/a" in snap["message"]
+
+
+def test_count_flops_of_one_step(session):
+    session.wait_for(lambda m: m.get("type") == "steps")
+    session.source.send({"name": "count_flops", "id": 1})
+    res = session.result("count_flops")
+    # MLP 256-1024-1024-1, batch 64: forward 2*64*(256*1024 + 1024*1024 + 1024) FLOPs; backward ~2x
+    forward = 2 * 64 * (256 * 1024 + 1024 * 1024 + 1024)
+    assert 2 * forward < res["flops_per_step"] < 3.1 * forward
+
+
+def test_periodic_windows_do_not_change_results(tmp_path):
+    args = ["--steps", "60", "--log-every", "20"]
+    plain = subprocess.run([sys.executable, str(DEMO), *args], capture_output=True, text=True, check=True).stdout
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "perfmon.cli", "--headless", "--interval", "100", "--profile-every", "20",
+         "--run-dir", str(run), str(DEMO), *args], capture_output=True, text=True, timeout=240,
+    )
+    assert out.returncode == 0, out.stderr
+    # the profiler itself may warn on stderr ("[W... CPUAllocator ...]"); the script's own output is identical
+    assert [ln for ln in out.stdout.splitlines() if not ln.startswith("[W")] == plain.splitlines()
+    report = json.loads(subprocess.run([sys.executable, "-m", "perfmon.cli", "report", str(run), "--json"],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert len(report["profiles"]) >= 2
+    for prof in report["profiles"]:
+        assert {"aten::addmm", "aten::mm"} & {op["name"] for op in prof["top_ops"]}
+        assert "traceEvents" in json.loads(Path(prof["trace"]).read_text())
+    assert not list((run / "traces").glob("*.tmp"))
