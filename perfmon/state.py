@@ -18,7 +18,7 @@ from perfmon.protocol import ALL_PHASES, PHASES, step_rows_to_dicts
 
 RECENT_STEPS = 200
 #: Telemetry kept as multi-resolution series (sparklines over the whole run).
-SERIES = ("cpu", "rss", "gpu_util", "gpu_mem")
+SERIES = ("cpu", "rss", "gpu_util", "gpu_mem", "cuda_alloc", "workers_cpu")
 
 
 class Histogram:
@@ -149,6 +149,7 @@ class RunState:
         self.profiles: deque[dict[str, Any]] = deque(maxlen=20)
         self.profiling: dict[str, Any] | None = None
         self.command_results: deque[dict[str, Any]] = deque(maxlen=50)
+        self.windows: deque[list[float]] = deque(maxlen=64)  # [start, stop] of profiler/FLOP windows
 
     # -- ingest -------------------------------------------------------------------------
     def apply(self, msg: dict[str, Any]) -> None:
@@ -187,6 +188,8 @@ class RunState:
             dev = row.get(f"dev_{p}_ms")
             step[p] = float(dev if dev is not None else row[f"{p}_ms"])
         step["other"] = max(0.0, dur - sum(step[p] for p in PHASES))
+        start = step["t"] - dur / 1000.0
+        step["windowed"] = any(start < stop and step["t"] > begin for begin, stop in self.windows)
         samples = row.get("samples")
         step["samples"] = int(samples) if isinstance(samples, int | float) and samples > 0 else 0
         self.steps = max(self.steps, step["i"])
@@ -230,6 +233,8 @@ class RunState:
                 self.series["rss"].add(t, rss)
                 self._peak("rss_bytes", rss)
             self._peak("workers_rss_bytes", host.get("workers_rss_bytes"))
+            if host.get("workers") and isinstance(host.get("workers_cpu_percent"), int | float):
+                self.series["workers_cpu"].add(t, host["workers_cpu_percent"])
         gpus = msg.get("gpus")
         if isinstance(gpus, list):
             self.gpus = [g for g in gpus if isinstance(g, dict)]
@@ -242,6 +247,8 @@ class RunState:
                     self.series["gpu_mem"].add(t, g0["mem_used_bytes"])
         cm = msg.get("cuda_mem")
         self.cuda_mem = cm if isinstance(cm, dict) else self.cuda_mem
+        if self.cuda_mem and isinstance(self.cuda_mem.get("allocated_bytes"), int | float):
+            self.series["cuda_alloc"].add(t, self.cuda_mem["allocated_bytes"])
         if self.cuda_mem:
             self._peak("peak_reserved_bytes", self.cuda_mem.get("peak_reserved_bytes"))
             self._peak("peak_allocated_bytes", self.cuda_mem.get("peak_allocated_bytes"))
@@ -318,6 +325,10 @@ class RunState:
             )
             if isinstance(msg.get("agent_errors"), dict):
                 self.agent_errors = dict(msg["agent_errors"])
+        elif kind == "window_started" and isinstance(msg.get("t"), int | float):
+            self.windows.append([float(msg["t"]), math.inf])
+        elif kind == "window_stopped" and isinstance(msg.get("t"), int | float) and self.windows:
+            self.windows[-1][1] = float(msg["t"])
         elif kind == "profile_started":
             self.profiling = {"reason": msg.get("reason"), "t": msg.get("t"), "step": self.steps}
         elif kind == "command_result":

@@ -88,7 +88,7 @@ class Commands:
     def _boundary_work(self) -> None:
         if self.window is not None:
             if self.window.step():
-                self.window = None
+                self.window = None  # "stopped" is published once the summary is done: it costs CPU too
         if self.flops_mode is not None:
             self._finish_flops()
         with self._lock:
@@ -106,10 +106,16 @@ class Commands:
     def _start_window(self, reason: str, answer: Callable[[dict[str, Any]], None]) -> None:
         from perfmon.agent.profiler import ProfilerWindow
 
-        def publish(msg: dict[str, Any]) -> None:
-            self.last_profile = msg
-            self.agent.publish(msg)
-            answer({"ok": True, "done": True, "message": f"profile ready: {len(msg['top_ops'])} top ops", "trace": msg["trace"]})
+        def publish(msg: dict[str, Any] | None) -> None:
+            if msg is not None:
+                self.last_profile = msg
+                self.agent.publish(msg)
+            self._window_event("stopped", "profile")
+            if msg is None:
+                answer({"ok": False, "done": True, "message": "profiler window failed (see agent errors)"})
+            else:
+                answer({"ok": True, "done": True, "message": f"profile ready: {len(msg['top_ops'])} top ops",
+                        "trace": msg["trace"]})
 
         window = ProfilerWindow(self.run_dir / "traces", self.wait, self.warmup, self.active,
                                 lambda: self.agent.tracker.count, publish, self.agent.record_error, reason)
@@ -117,6 +123,11 @@ class Commands:
         self.window = window
         self.agent.publish(protocol.message("event", kind="profile_started", reason=reason,
                                             steps=window.total, t=time.time()))
+        self._window_event("started", "profile")
+
+    def _window_event(self, edge: str, what: str) -> None:
+        # steps inside a window run slower (profiler, FLOP counter): rules must not read them
+        self.agent.publish(protocol.message("event", kind=f"window_{edge}", what=what, t=time.time()))
 
     def _do_profile(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
         if self.window is not None:
@@ -146,6 +157,7 @@ class Commands:
         from torch.utils.flop_counter import FlopCounterMode
 
         mode = FlopCounterMode(display=False)
+        self._window_event("started", "flops")
         mode.__enter__()
         self.flops_mode = (mode, answer, self.agent.tracker.count)
 
@@ -153,6 +165,7 @@ class Commands:
         mode, answer, _ = self.flops_mode
         self.flops_mode = None
         mode.__exit__(None, None, None)
+        self._window_event("stopped", "flops")
         flops = int(mode.get_total_flops())
         self.agent.publish(protocol.message("model", flops_per_step=flops, flops_counted_at=time.time()))
         answer({"ok": True, "done": True, "flops_per_step": flops, "message": f"FLOPs per step: {flops:,}"})

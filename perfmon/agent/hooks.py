@@ -38,6 +38,16 @@ def batch_size(batch: Any) -> int | None:
     return None
 
 
+def loader_settings(loader: Any) -> dict[str, Any]:
+    """The DataLoader arguments that decide input throughput."""
+    return {
+        "num_workers": loader.num_workers, "pin_memory": bool(loader.pin_memory),
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
+        "prefetch_factor": getattr(loader, "prefetch_factor", None), "batch_size": loader.batch_size,
+        "dataset": type(loader.dataset).__name__,
+    }
+
+
 class Instrumentation:
     """Installs and removes the patches; one instance per process."""
 
@@ -53,6 +63,7 @@ class Instrumentation:
         self._candidates: dict[int, torch.nn.Module] = {}
         self.roots: list[torch.nn.Module] = []
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.loaders: dict[int, dict[str, Any]] = {}
         self._root_ids: set[int] = set()
 
     # -- install -------------------------------------------------------------------------
@@ -102,6 +113,18 @@ class Instrumentation:
             return __next__
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", make)
+
+        def make_iter(orig: Callable) -> Callable:
+            def __iter__(loader: Any) -> Any:
+                try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"
+                    self.loaders[id(loader)] = loader_settings(loader)
+                except Exception as exc:  # noqa: BLE001
+                    self._on_error("loader", exc)
+                return orig(loader)
+
+            return __iter__
+
+        self._patch(dataloader.DataLoader, "__iter__", make_iter)
 
     def _patch_backward(self) -> None:
         emit = self._emit

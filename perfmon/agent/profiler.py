@@ -27,7 +27,7 @@ class ProfilerWindow:
     """One window: ``wait`` + ``warmup`` + ``active`` steps, then a summary published as ``profile``."""
 
     def __init__(self, traces_dir: Path, wait: int, warmup: int, active: int, step_index: Callable[[], int],
-                 publish: Callable[[dict[str, Any]], None], on_error: Callable[[str, BaseException], None],
+                 publish: Callable[[dict[str, Any] | None], None], on_error: Callable[[str, BaseException], None],
                  reason: str) -> None:
         self.traces_dir = traces_dir
         self.wait, self.warmup, self.active = wait, warmup, active
@@ -71,11 +71,12 @@ class ProfilerWindow:
             self._on_error("profiler", exc)
 
     def _summarize(self) -> None:
+        msg = None
         try:
-            self._publish(summarize(self.prof, self.traces_dir, self.active, self.cuda, self.started_step,
-                                    self.reason))
+            msg = summarize(self.prof, self.traces_dir, self.active, self.cuda, self.started_step, self.reason)
         except Exception as exc:  # noqa: BLE001
             self._on_error("profiler", exc)
+        self._publish(msg)  # None: the window failed; the caller still closes it
 
 
 def _trace_name() -> str:

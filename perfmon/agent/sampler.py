@@ -40,8 +40,12 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
             by_dtype[key] = by_dtype.get(key, 0) + n
     opt_bytes = 0
     opt_names = []
+    opt_flags = []
     for opt in optimizers:
         opt_names.append(type(opt).__name__)
+        d = getattr(opt, "defaults", {})
+        opt_flags.append({"name": type(opt).__name__, "fused": d.get("fused"), "foreach": d.get("foreach"),
+                          "param_tensors": sum(len(g["params"]) for g in opt.param_groups)})
         for st in list(opt.state.values()):
             for v in list(st.values()) if isinstance(st, dict) else ():
                 if hasattr(v, "element_size") and hasattr(v, "numel"):
@@ -50,7 +54,7 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
         "roots": [type(r).__name__ for r in roots],
         "params": total, "trainable": trainable, "frozen": total - trainable, "by_dtype": by_dtype,
         "param_bytes": nbytes, "grad_bytes": grad_bytes, "optimizer_bytes": opt_bytes,
-        "optimizers": opt_names, "static_bytes": nbytes + grad_bytes + opt_bytes,
+        "optimizers": opt_names, "optimizer_flags": opt_flags, "static_bytes": nbytes + grad_bytes + opt_bytes,
     }
 
 
@@ -113,7 +117,8 @@ class Sampler:
             return
         if facts is None:
             return
-        key = (facts["params"], facts["optimizer_bytes"])
+        facts["loaders"] = list(inst.loaders.values())[-4:]
+        key = (facts["params"], facts["optimizer_bytes"], str(facts["loaders"]))
         if key != self._model_sent:
             self._model_sent = key
             self.agent.publish(protocol.message("model", **facts))

@@ -2,14 +2,15 @@
 
 Three thread workers feed it: the source pump (folds messages into the state under a lock and
 posts :class:`StateChanged` at most every ``COALESCE_S``), the process waiter and the output
-tail. Widgets are redrawn only when what they show changed: on those messages and on a 1 Hz tick
-(elapsed time, and data that arrived after the last coalesced post).
+tail. Widgets are redrawn only when what they show changed: on those messages, on a 2 Hz check for
+data that arrived after the pump's last post, and on a 1 Hz tick (elapsed time).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -37,11 +38,11 @@ QUIT, DETACHED, STOPPED = "quit", "detached", "stopped"
 
 #: The dashboard's keys. To add one: a Binding here (the tooltip is its help line) and an ``action_*``.
 KEYS: list[Binding] = [
-    Binding("q", "request_quit", "Quit", tooltip="quit; asks whether to stop or leave a running job"),
+    Binding("q", "request_quit", "Quit", tooltip="quit (asks first if the job runs)"),
     Binding("ctrl+c", "request_quit", "Quit", show=False, priority=True, tooltip="same as q"),
     Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True, tooltip="same as q"),
     Binding("d", "detach", "Detach", tooltip="detach: exit and leave the job running"),
-    Binding("t", "cycle_span", "Span", tooltip="step-time chart span: " + " → ".join(s for s, _ in SPANS)),
+    Binding("t", "cycle_span", "Span", tooltip="chart span: " + ", ".join(s for s, _ in SPANS)),
     Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
 ]
 SCROLL_HELP = ("↑ ↓ PgUp PgDn Home End", "scroll the output")
@@ -89,6 +90,7 @@ class PerfmonApp(App[None]):
 
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))
     TITLE = "perfmon"
+    ENABLE_COMMAND_PALETTE = False
     BINDINGS = KEYS
     VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
@@ -109,10 +111,11 @@ class PerfmonApp(App[None]):
         self.stream_error: str | None = None
         self.process_ended = False
         self.refreshes = 0  # data refreshes done (diagnostics and tests)
+        self.clock: Callable[[], float] = time.time  # wall clock for elapsed time (tests pin it)
         self._dirty = False
         self._outcome: str | None = None
-        self._closing = threading.Event()
-        self._ended = threading.Event()
+        self._bg_stop = threading.Event()
+        self._job_over = threading.Event()
         if process is not None:
             self.mode = "launched"
         else:
@@ -141,10 +144,10 @@ class PerfmonApp(App[None]):
     def on_mount(self) -> None:
         phases = self.query_one("#phases", PhasesPanel)
         phases.border_title = "step phases"
-        phases.border_subtitle = f"chart: {phases.span[0]}"
         self.query_one(LogPanel).log_widget.focus()
         self.refresh_data()
         self.set_interval(TICK_S, self._tick)
+        self.set_interval(COALESCE_S, self._flush)
         if self.source is not None:
             self._pump()
         if self.process is not None:
@@ -172,18 +175,24 @@ class PerfmonApp(App[None]):
         log.exception, log.where = exception, where
         self.refreshes += 1
         if self.job_ended:
-            self._ended.set()
+            self._job_over.set()
 
     def _header_info(self) -> HeaderInfo:
-        info = HeaderInfo.from_state(self.state, self.mode, stream_ended=self.stream_ended and self.process is None)
+        info = HeaderInfo.from_state(
+            self.state, self.mode, stream_ended=self.stream_ended and self.process is None, now=self.clock()
+        )
         if self.stream_error:
             return replace(info, mode=f"{info.mode} · {self.stream_error}".strip(" ·"))
         return info
 
-    def _tick(self) -> None:
+    def _flush(self) -> None:
+        """Catch data that arrived after the pump's last post (the pump posts on a leading edge)."""
         if self._dirty:
             self.refresh_data()
-        elif not self.job_ended:
+
+    def _tick(self) -> None:
+        """Once a second: the elapsed time of a running job."""
+        if not self._dirty and not self.job_ended:
             with self.lock:
                 header = self._header_info()
             self.query_one(RunHeader).info = header
@@ -219,7 +228,7 @@ class PerfmonApp(App[None]):
                 if now - last_post >= COALESCE_S:
                     last_post = now
                     self.post_message(StateChanged())
-                if self._closing.is_set():
+                if self._bg_stop.is_set():
                     return
         except Exception as exc:  # noqa: BLE001 - a broken stream ends it; the dashboard stays
             error = f"stream error: {type(exc).__name__}: {exc}"
@@ -230,7 +239,7 @@ class PerfmonApp(App[None]):
         """Wait for the launched process; polls so that detaching never waits on it."""
         assert self.process is not None
         while (code := self.process.poll()) is None:
-            if self._closing.wait(LOG_POLL_S):
+            if self._bg_stop.wait(LOG_POLL_S):
                 return
         with self.lock:
             self.state.process_exited(code)
@@ -244,10 +253,10 @@ class PerfmonApp(App[None]):
             run_dir = self.run_dir or getattr(self.source, "run_dir", None) or self.state.meta.get("run_dir")
             if run_dir:
                 tail = OutputTail(Path(run_dir) / "output.log")
-            elif self._ended.is_set() or self._closing.wait(LOG_POLL_S):
+            elif self._job_over.is_set() or self._bg_stop.wait(LOG_POLL_S):
                 return
         while True:
-            ended = self._ended.is_set()
+            ended = self._job_over.is_set()
             lines = tail.read()
             if ended and not lines:
                 lines = tail.flush()
@@ -256,11 +265,11 @@ class PerfmonApp(App[None]):
                 return
             if lines:
                 self.post_message(OutputLines(lines))
-            if self._closing.wait(LOG_POLL_S):
+            if self._bg_stop.wait(LOG_POLL_S):
                 return
 
     def _stop_background(self) -> None:
-        self._closing.set()
+        self._bg_stop.set()
         if self.source is not None:
             try:
                 self.source.close()
@@ -301,7 +310,6 @@ class PerfmonApp(App[None]):
         """t: next step-time chart span."""
         phases = self.query_one("#phases", PhasesPanel)
         phases.span_index = (phases.span_index + 1) % len(SPANS)
-        phases.border_subtitle = f"chart: {phases.span[0]}"
         self.refresh_data()
 
     def action_help(self) -> None:

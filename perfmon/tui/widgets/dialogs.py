@@ -34,8 +34,8 @@ class QuitScreen(ModalScreen[str | None]):
         if self.can_stop:
             text.append("[s]", "bold").append("   stop training (SIGINT to the job)\n")
         else:
-            text.append("perfmon did not start this job; stop it yourself")
-            text.append(f" (kill -INT {self.pid})\n" if self.pid else "\n")
+            text.append("not started by perfmon: stop it with ")
+            text.append(f"kill -INT {self.pid}\n" if self.pid else "kill -INT PID\n")
         text.append("[d]", "bold").append("   detach and leave it running\n")
         text.append("[esc]", "bold").append(" cancel")
         with Vertical(id="dialog"):
@@ -72,7 +72,7 @@ class HelpScreen(ModalScreen[None]):
         with Vertical(id="dialog"):
             yield Static(Text("Keys", style="bold"))
             yield Static(table)
-            yield Static(Text("esc, ? or q closes this help", style="dim"))
+            yield Static("esc, ? or q closes this help", id="hint")
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -57,7 +57,7 @@ class HeaderInfo:
                     status = f"{status}, exit {state.exit.code}"
         elif stream_ended:
             status, kind = "stream ended, no exit recorded", "ended"
-        if state.exit is None and stream_ended:
+        if state.exit is None and stream_ended and state.last_end is not None:
             now = state.last_end  # a finished stream without exit: stop the clock at the last step
         elapsed = state.elapsed(now if now is not None else time.time())
         cuda = meta.get("cuda")
@@ -100,29 +100,29 @@ class HeaderView:
         if info is None:
             yield Text("perfmon — waiting for the job…", style=st["label"])
             return
-        grid = Table.grid(expand=True)
-        grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
-        grid.add_column(no_wrap=True, justify="right")
         marker = {"running": "●", "ok": "✔", "failed": "✘", "ended": "■"}[info.kind]
-        grid.add_row(
-            Text(info.command, style=st["command"]),
-            Text(f"{marker} {info.status}", style=st[info.kind]),
-        )
-        line2 = Text(no_wrap=True, overflow="ellipsis")
+        line2 = Text()
         for label, value in (
             ("step", info.step), ("steps/s", info.steps_s), ("samples/s", info.samples_s),
             ("elapsed", info.elapsed),
         ):
-            line2.append(f"{label} ", st["label"]).append(value, st["value"]).append("   ")
-        grid.add_row(line2, Text(info.mode, style=st["label"]))
-        line3 = Text(no_wrap=True, overflow="ellipsis")
+            line2.append(f"{label} ", st["label"]).append(value, st["value"]).append("  ")
+        line3 = Text()
         line3.append("pid ", st["label"]).append(info.pid, st["value"])
         if info.device:
             line3.append(" · ", st["label"]).append(info.device, st["cpu"] if info.cpu_only else st["value"])
         if info.details:
             line3.append(" · " + info.details, st["label"])
-        grid.add_row(line3, Text(""))
-        yield grid
+        for left, right in (
+            (Text(info.command, style=st["command"]), Text(f"{marker} {info.status}", style=st[info.kind])),
+            (line2, Text("")),
+            (line3, Text(info.mode, style=st["label"])),
+        ):
+            grid = Table.grid(expand=True, padding=(0, 0, 0, 1))
+            grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
+            grid.add_column(no_wrap=True, justify="right")
+            grid.add_row(left, right)
+            yield grid
 
 
 class RunHeader(Widget):

@@ -103,6 +103,9 @@ class LogPanel(Vertical):
 
     def _update_banner(self) -> None:
         banner = self.query_one("#exception", Static)
+        log = self.log_widget
+        if log.is_vertical_scroll_end:  # keep the tail in view when the banner takes a line
+            self.call_after_refresh(log.scroll_end, animate=False, x_axis=False)
         if self.exception:
             text = Text("✘ ", style="bold").append(self.exception, style="bold")
             if self.where:

@@ -19,7 +19,7 @@ from perfmon.tui.widgets import fmt
 #: Sparkline spans, cycled by the ``t`` key: (label, seconds or None for the whole run).
 SPANS: tuple[tuple[str, float | None], ...] = (("1 min", 60.0), ("10 min", 600.0), ("1 h", 3600.0), ("whole run", None))
 ROWS = (*ALL_PHASES, "step")
-NAME_W, NUM_W, SHARE_W, GAP = 11, 6, 7, 3
+NAME_W, NUM_W, SHARE_W, GAP = 12, 6, 7, 3
 SECTION_W = 3 * NUM_W + SHARE_W
 TABLE_W = NAME_W + 2 * SECTION_W + GAP
 TABLE_LINES = 2 + len(ROWS)
@@ -160,20 +160,32 @@ class PhasesView:
             line.append("█" * n, self.styles[p])
         return line
 
-    def chart_lines(self, width: int, height: int) -> list[Text]:
+    def chart_label(self) -> Text:
         assert self.info is not None
-        st, series = self.styles, self.info.series
+        st, series, span = self.styles, self.info.series, self.info.span
         label = Text(no_wrap=True, overflow="ellipsis")
-        label.append("step time, last " if self.info.span != "whole run" else "step time, ", st["heading"])
-        label.append(self.info.span, st["span"])
-        if len(series) >= 1:
-            label.append(f"  min {fmt.ms(min(series))} max {fmt.ms(max(series))} ms", st["heading"])
-        label.append("  [t] span", st["heading"])
+        label.append("step time, " if span == "whole run" else "step time, last ", st["heading"])
+        label.append(span, st["span"])
+        if series:
+            label.append(f": {fmt.ms(min(series))}–{fmt.ms(max(series))} ms", st["heading"])
+        return label
+
+    def chart_lines(self, width: int, height: int) -> list[Text]:
+        """The label line, then ``height`` rows of chart; with height 1, label and chart share a line."""
+        st, series = self.styles, self.info.series if self.info else ()
+        label = self.chart_label()
+        if height <= 1:
+            label.append("  ")
+            room = width - label.cell_len
+            if room < 10:
+                return [label]
+            if not series:
+                return [label.append("waiting for steps…", st["heading"])]
+            return [label.append(spark_rows(resample(series, room), 1)[0], st["chart"])]
         label.truncate(width, overflow="ellipsis")
         if not series:
             return [label, Text("waiting for steps…", st["heading"])] + [Text("")] * (height - 1)
-        rows = spark_rows(resample(series, width), height)
-        return [label] + [Text(r, st["chart"], no_wrap=True) for r in rows]
+        return [label] + [Text(r, st["chart"], no_wrap=True) for r in spark_rows(resample(series, width), height)]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
@@ -221,7 +233,8 @@ class PhasesPanel(Widget):
         side = width - TABLE_W - GAP
         if side >= SIDE_CHART_MIN:
             return TABLE_LINES + 1
-        return TABLE_LINES + 1 + self.chart_height() + 1
+        chart = self.chart_height()
+        return TABLE_LINES + 1 + chart + (1 if chart > 1 else 0)
 
     def render(self) -> PhasesView:
         styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}

@@ -1,0 +1,127 @@
+"""The rule signature, the registry, thresholds and the facts every rule reads."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from perfmon.protocol import ALL_PHASES
+from perfmon.state import RunState
+
+SEVERITIES = ("info", "warn", "critical")
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str
+    severity: str
+    title: str
+    evidence: dict[str, Any]
+    fix: str
+    impact: float = 0.0  # share of step time at stake, 0..1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def rank(self) -> tuple[int, float]:
+        return (SEVERITIES.index(self.severity), self.impact)
+
+
+@dataclass
+class Config:
+    """Thresholds (defaults from torch-tb-profiler, TraceML and common practice; see each rule)."""
+
+    warmup_steps: int = 10
+    min_steps: int = 20
+    hold: int = 3  # evaluations a finding must hold before it shows
+    clear: int = 5  # evaluations it must stop holding before it clears
+    data_warn: float = 0.10
+    data_critical: float = 0.20
+    loader_cpu_saturated: float = 0.90
+    device_busy_min: float = 0.50
+    nvml_util_min: float = 90.0
+    syncs_per_step_warn: float = 1.0
+    memory_pressure: float = 0.90
+    fragmentation_ratio: float = 2.0
+    fragmentation_min_bytes: int = 1 << 30
+    fp32_gemm_share: float = 0.30
+    instability_ratio: float = 2.0
+    spike_ratio: float = 3.0
+    first_step_ratio: float = 10.0
+    creep_growth: float = 0.10
+    creep_min_bytes: int = 100 << 20
+    creep_min_points: int = 30
+    optimizer_share: float = 0.25
+    optimizer_min_tensors: int = 10
+    disabled: tuple[str, ...] = ()
+
+    @classmethod
+    def from_toml(cls, path: Path) -> Config:
+        """``--rules FILE``: ``[thresholds]`` overrides, ``disabled = ["id", ...]``."""
+        import tomllib
+
+        data = tomllib.loads(Path(path).read_text())
+        known = {f.name: f.type for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in {**data.get("thresholds", {}), **{k: v for k, v in data.items() if k != "thresholds"}}.items():
+            key = key.replace("-", "_")
+            if key not in known:
+                raise ValueError(f"{path}: unknown setting {key!r}")
+            values[key] = tuple(value) if key == "disabled" else value
+        return cls(**values)
+
+
+@dataclass
+class Facts:
+    """What the rules read: the recent window past warm-up, and the whole run."""
+
+    state: RunState
+    steps: list[dict[str, float]]
+    shares: dict[str, float]
+    step_ms: list[float]
+    total_steps: int
+    profile: dict[str, Any] | None
+    model: dict[str, Any]
+    gpus: list[dict[str, Any]]
+    cuda_mem: dict[str, Any] | None
+    host: dict[str, Any] | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_state(cls, state: RunState, cfg: Config) -> Facts:
+        # past warm-up, and outside profiler / FLOP-counter windows (those steps run slower)
+        steps = [s for s in state.recent if s["i"] > cfg.warmup_steps and not s.get("windowed")]
+        total = sum(s["dur"] for s in steps)
+        shares = {p: (sum(s[p] for s in steps) / total if total > 0 else 0.0) for p in ALL_PHASES}
+        return cls(
+            state=state, steps=steps, shares=shares, step_ms=sorted(s["dur"] for s in steps),
+            total_steps=state.steps, profile=state.profiles[-1] if state.profiles else None,
+            model=state.model or {}, gpus=state.gpus, cuda_mem=state.cuda_mem, host=state.host,
+        )
+
+    def quantile(self, q: float) -> float | None:
+        v = self.step_ms
+        if not v:
+            return None
+        pos = q * (len(v) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(v) - 1)
+        return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+Rule = Callable[[Facts, Config], Finding | None]
+REGISTRY: dict[str, tuple[Rule, str]] = {}
+
+
+def rule(rule_id: str, threshold: str) -> Callable[[Rule], Rule]:
+    """Register a rule under a stable id; ``threshold`` documents when it fires and why."""
+
+    def deco(fn: Rule) -> Rule:
+        REGISTRY[rule_id] = (fn, threshold)
+        return fn
+
+    return deco

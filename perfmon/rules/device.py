@@ -1,0 +1,80 @@
+"""The accelerator: under-used, stalled by host syncs, without tensor cores, throttled."""
+
+from __future__ import annotations
+
+from perfmon.rules.base import Config, Facts, Finding, rule
+
+
+@rule("device-underused", "GPU busy < 50% of a profiler window, or NVML utilization < 90%, with data share <= 10%")
+def device_underused(f: Facts, cfg: Config) -> Finding | None:
+    if not f.gpus or f.shares["data"] > cfg.data_warn:
+        return None
+    busy = (f.profile or {}).get("device_busy")
+    util = f.gpus[0].get("util_gpu")
+    low_busy = busy is not None and busy < cfg.device_busy_min
+    low_util = isinstance(util, int | float) and util < cfg.nvml_util_min
+    if not low_busy and not low_util:
+        return None
+    what = f"busy {busy:.0%} of the profiled window" if low_busy else f"NVML utilization {util:.0f}%"
+    return Finding(
+        "device-underused", "warn", f"GPU under-used ({what}) while data is not the bottleneck",
+        {"device_busy": busy, "util_gpu": util, "data_share": round(f.shares["data"], 4)},
+        "The GPU waits for the CPU to launch work: raise the batch size, torch.compile the model, capture "
+        "steady steps in CUDA graphs (mode='reduce-overhead'), fuse many tiny ops.",
+        impact=1.0 - (busy if busy is not None else (util or 0) / 100.0),
+    )
+
+
+@rule("host-sync", ">= 1 host-device synchronisation per step in the last profiler window (aten::item, cudaStreamSynchronize, DtoH copies)")
+def host_sync(f: Facts, cfg: Config) -> Finding | None:
+    prof = f.profile
+    if not prof or prof.get("syncs_per_step") is None or prof["syncs_per_step"] < cfg.syncs_per_step_warn:
+        return None
+    names = [op["name"] for op in prof.get("top_ops", []) if op["name"] in (
+        "aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize") or "DtoH" in op["name"]]
+    return Finding(
+        "host-sync", "warn" if prof.get("device") == "cuda" else "info",
+        f"{prof['syncs_per_step']:.1f} host-device synchronisations per step",
+        {"syncs_per_step": prof["syncs_per_step"], "ops": names, "window_step": prof.get("step")},
+        "Each .item()/.cpu()/print(tensor) waits for the GPU to drain. Accumulate metrics on the device "
+        "(running_loss += loss.detach()) and call .item() every N steps, not every step.",
+    )
+
+
+@rule("no-mixed-precision", "fp32 GEMM ops > 30% of a CUDA profiler window's device time on a tensor-core GPU")
+def no_mixed_precision(f: Facts, cfg: Config) -> Finding | None:
+    prof = f.profile
+    if not prof or prof.get("device") != "cuda" or not f.gpus:
+        return None
+    by_dtype = f.model.get("by_dtype") or {}
+    if not by_dtype or max(by_dtype, key=by_dtype.get) != "float32":
+        return None
+    gemm = sum(op["share"] for op in prof.get("top_ops", [])
+               if any(k in op["name"] for k in ("sgemm", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "cutlass_80_simt")))
+    if gemm < cfg.fp32_gemm_share:
+        return None
+    return Finding(
+        "no-mixed-precision", "warn", f"fp32 matrix multiplies take {gemm:.0%} of GPU time",
+        {"gemm_share": round(gemm, 4), "param_dtypes": by_dtype, "device": f.gpus[0].get("name")},
+        "Wrap forward and loss in torch.autocast('cuda', dtype=torch.bfloat16), or at least enable TF32: "
+        "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')).",
+        impact=gemm / 2,
+    )
+
+
+@rule("throttling", "NVML clock-event reasons: thermal or power capping, or power draw >= 98% of the limit")
+def throttling(f: Facts, cfg: Config) -> Finding | None:
+    for g in f.gpus:
+        reasons = g.get("throttled") or []
+        power, limit = g.get("power_w"), g.get("power_limit_w")
+        at_limit = bool(power and limit and power >= 0.98 * limit)
+        if reasons or at_limit:
+            why = ", ".join(reasons) or "power at its limit"
+            return Finding(
+                "throttling", "warn", f"GPU {g.get('index', 0)} is throttled ({why})",
+                {"reasons": reasons, "power_w": power, "power_limit_w": limit, "temp_c": g.get("temp_c"),
+                 "sm_clock_mhz": g.get("sm_clock_mhz"), "sm_clock_max_mhz": g.get("sm_clock_max_mhz")},
+                "Check cooling and airflow (thermal), the power limit (nvidia-smi -q -d PERFORMANCE,POWER), and other jobs "
+                "sharing the node; clocks below max mean every kernel runs slower.",
+            )
+    return None

@@ -1,0 +1,64 @@
+"""Input pipeline: a step waiting for data, and DataLoader workers that cannot keep up."""
+
+from __future__ import annotations
+
+from perfmon.rules.base import Config, Facts, Finding, rule
+
+
+def _loader(f: Facts) -> dict | None:
+    loaders = f.model.get("loaders") or []
+    return loaders[-1] if loaders else None
+
+
+@rule("input-bound", "data share of step > 10% warn, > 20% critical (torch-tb-profiler's DataLoader rule, TraceML)")
+def input_bound(f: Facts, cfg: Config) -> Finding | None:
+    share = f.shares["data"]
+    if share <= cfg.data_warn:
+        return None
+    loader = _loader(f)
+    cpus = (f.host or {}).get("cpu_count") or 1
+    steps = []
+    if loader:
+        nw = loader["num_workers"]
+        if nw < cpus:
+            steps.append(f"raise DataLoader(num_workers={nw}) towards {min(cpus, max(2 * nw, 4))} (this host has {cpus} CPUs)")
+        if not loader["pin_memory"] and f.gpus:
+            steps.append("set pin_memory=True so host-to-device copies overlap")
+        if nw and not loader["persistent_workers"]:
+            steps.append("set persistent_workers=True to keep workers across epochs")
+        if nw:
+            steps.append(f"raise prefetch_factor (now {loader['prefetch_factor']}) so batches are ready ahead")
+    else:
+        steps.append("load data in a DataLoader with num_workers > 0, pin_memory=True, persistent_workers=True")
+    steps.append("move decoding/augmentation out of the hot path (pre-process once, cache, or do it on the GPU)")
+    return Finding(
+        "input-bound", "critical" if share > cfg.data_critical else "warn",
+        f"Input-bound: {share:.0%} of each step waits for data",
+        {"data_share": round(share, 4), "data_ms_mean": round(sum(s["data"] for s in f.steps) / len(f.steps), 3),
+         "loader": loader},
+        "; ".join(steps) + ".", impact=share,
+    )
+
+
+@rule("loader-cpu-bound", "data share > 10% with DataLoader workers using > 90% of their CPUs (CPU-bound preprocessing), or workers idle while data is slow (too few)")
+def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
+    share = f.shares["data"]
+    loader = _loader(f)
+    host = f.host or {}
+    if share <= cfg.data_warn or not loader or not loader["num_workers"]:
+        return None
+    nw = loader["num_workers"]
+    cpus = host.get("cpu_count") or 1
+    workers_cpu = host.get("workers_cpu_percent") or 0.0
+    per_worker = workers_cpu / nw / 100.0
+    system = (host.get("system_cpu_percent") or 0.0) / 100.0
+    if per_worker >= cfg.loader_cpu_saturated or system >= cfg.loader_cpu_saturated:
+        return Finding(
+            "loader-cpu-bound", "warn", f"DataLoader workers saturate the CPU ({workers_cpu:.0f}% over {nw} workers)",
+            {"workers": nw, "workers_cpu_percent": workers_cpu, "system_cpu_percent": host.get("system_cpu_percent"),
+             "cpu_count": cpus, "data_share": round(share, 4)},
+            "Preprocessing is CPU-bound: more workers will not help past the CPU count. Make each sample cheaper "
+            "(pre-decode, smaller images, simpler augmentation), move augmentation to the GPU, or use a host with more cores.",
+            impact=share,
+        )
+    return None

@@ -1,0 +1,79 @@
+"""Memory: out-of-memory risk, allocator fragmentation, memory growing step after step."""
+
+from __future__ import annotations
+
+from perfmon.rules.base import Config, Facts, Finding, rule
+
+GIB = 1 << 30
+
+
+@rule("memory-pressure", "peak reserved > 90% of device memory; allocation retries or OOMs: critical")
+def memory_pressure(f: Facts, cfg: Config) -> Finding | None:
+    cm, gpus = f.cuda_mem, f.gpus
+    if not cm or not gpus or not gpus[0].get("total_bytes"):
+        return None
+    total = gpus[0]["total_bytes"]
+    peak = cm.get("peak_reserved_bytes") or 0
+    retries, ooms = cm.get("alloc_retries") or 0, cm.get("ooms") or 0
+    frac = peak / total
+    if frac <= cfg.memory_pressure and not retries and not ooms:
+        return None
+    budget = f.state.memory_budget()
+    fits = f" The largest batch that fits is about {budget['max_batch']}." if budget.get("max_batch") else ""
+    return Finding(
+        "memory-pressure", "critical" if retries or ooms else "warn",
+        f"Memory pressure: peak reserved {frac:.0%} of {total / GIB:.0f} GiB" + (f", {retries} allocation retries" if retries else ""),
+        {"peak_reserved_bytes": peak, "total_bytes": total, "alloc_retries": retries, "ooms": ooms,
+         "per_sample_bytes": budget.get("per_sample_bytes"), "max_batch": budget.get("max_batch")},
+        "Use bf16 autocast (halves activations), activation checkpointing (torch.utils.checkpoint), or a smaller "
+        "micro-batch with gradient accumulation to keep the effective batch." + fits,
+    )
+
+
+@rule("fragmentation", "reserved >= 2x allocated and reserved - allocated > 1 GiB")
+def fragmentation(f: Facts, cfg: Config) -> Finding | None:
+    cm = f.cuda_mem
+    if not cm:
+        return None
+    reserved, allocated = cm.get("reserved_bytes") or 0, cm.get("allocated_bytes") or 0
+    if reserved - allocated < cfg.fragmentation_min_bytes or reserved < cfg.fragmentation_ratio * max(allocated, 1):
+        return None
+    return Finding(
+        "fragmentation", "warn", f"Allocator fragmentation: {reserved / GIB:.1f} GiB reserved for {allocated / GIB:.1f} GiB in use",
+        {"reserved_bytes": reserved, "allocated_bytes": allocated},
+        "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before starting the job; avoid tensors of ever-changing "
+        "shapes (pad to buckets).",
+    )
+
+
+def _creep(values: list[float], cfg: Config) -> tuple[float, float] | None:
+    """(growth fraction, bytes) if the series rises steadily (mostly non-decreasing halves)."""
+    if len(values) < cfg.creep_min_points:
+        return None
+    n = len(values)
+    q = max(1, n // 4)
+    first, last = sum(values[:q]) / q, sum(values[-q:]) / q
+    mid = sum(values[q:-q]) / max(1, n - 2 * q)
+    grown = last - first
+    if first <= 0 or grown < cfg.creep_min_bytes or grown / first < cfg.creep_growth or not first < mid < last:
+        return None
+    rises = sum(1 for a, b in zip(values, values[1:], strict=False) if b >= a)
+    if rises < 0.6 * (n - 1):
+        return None
+    return grown / first, grown
+
+
+@rule("memory-creep", "RSS or CUDA allocated memory up > 10% and > 100 MiB, rising steadily over >= 30 samples")
+def memory_creep(f: Facts, cfg: Config) -> Finding | None:
+    for key, label in (("cuda_alloc", "GPU allocated memory"), ("rss", "process RSS")):
+        values = f.state.series[key].values(None)
+        found = _creep(values, cfg)
+        if found:
+            growth, grown = found
+            return Finding(
+                "memory-creep", "warn", f"Memory creep: {label} grew {growth:.0%} (+{grown / 2**20:,.0f} MiB) and keeps rising",
+                {"series": key, "growth": round(growth, 3), "grown_bytes": int(grown), "points": len(values)},
+                "Something keeps tensors alive across steps: accumulate `loss.item()` (a float), not `loss`; detach "
+                "tensors you store for logging; clear lists/caches that grow every step.",
+            )
+    return None

@@ -1,0 +1,71 @@
+"""Step-time structure: what to optimise first, unstable steps, a slow optimizer."""
+
+from __future__ import annotations
+
+from perfmon.rules.base import Config, Facts, Finding, rule
+
+PHASE_ADVICE = {
+    "data": "the input pipeline (see input-bound)",
+    "forward": "the model's forward: bigger batches, torch.compile, bf16 autocast, fused kernels",
+    "backward": "backward: bf16 autocast, activation checkpointing trade-offs, torch.compile",
+    "optimizer": "the optimizer step: fused=True / foreach=True, fewer parameter tensors",
+    "other": "time outside the phases: logging, .item()/.cpu() calls, checkpoint saves, zero_grad(set_to_none=True)",
+}
+
+
+@rule("priority", "always, as info, once min_steps steps past warm-up exist: the phases ranked by time")
+def priority(f: Facts, cfg: Config) -> Finding | None:
+    ranked = sorted(f.shares.items(), key=lambda kv: kv[1], reverse=True)
+    top, share = ranked[0]
+    note = ""
+    if top == "data" and f.shares["data"] < cfg.data_warn:
+        note = " (data is overlapped by workers: speeding it up gives nothing)"
+    return Finding(
+        "priority", "info", f"Biggest phase: {top} ({share:.0%} of step time)",
+        {"ranking": [[p, round(s, 4)] for p, s in ranked], "steps": len(f.steps)},
+        f"Optimise {PHASE_ADVICE[top]} first{note}.", impact=share,
+    )
+
+
+@rule("step-instability", "p99/p50 step time > 2, or periodic spikes > 3x the median, or a first step > 10x the median")
+def step_instability(f: Facts, cfg: Config) -> Finding | None:
+    p50, p99 = f.quantile(0.5), f.quantile(0.99)
+    if not p50 or p99 is None:
+        return None
+    spikes = [s["i"] for s in f.steps if s["dur"] > cfg.spike_ratio * p50]
+    period = None
+    if len(spikes) >= 3:
+        gaps = {b - a for a, b in zip(spikes, spikes[1:], strict=False)}
+        if len(gaps) == 1:
+            period = gaps.pop()
+    ratio = p99 / p50
+    if ratio <= cfg.instability_ratio and not period:
+        return None
+    excess = sum(max(0.0, s["dur"] - p50) for s in f.steps) / max(1e-9, sum(s["dur"] for s in f.steps))
+    what = f"every {period} steps" if period else f"p99 is {ratio:.1f}x p50"
+    return Finding(
+        "step-instability", "warn", f"Unstable step time: spikes {what}",
+        {"p50_ms": round(p50, 3), "p99_ms": round(p99, 3), "ratio": round(ratio, 2), "spike_steps": spikes[-10:],
+         "period": period},
+        "Find what runs on the spiking steps: checkpoint saves, logging/evaluation every N steps, Python GC "
+        "(gc.freeze() after setup), host syncs (.item()). Move them off the training loop or do them less often.",
+        impact=excess,
+    )
+
+
+@rule("slow-optimizer", "optimizer share > 25% with a non-fused, non-foreach implementation over >= 10 tensors")
+def slow_optimizer(f: Facts, cfg: Config) -> Finding | None:
+    share = f.shares["optimizer"]
+    flags = f.model.get("optimizer_flags") or []
+    slow = [o for o in flags if not o.get("fused") and o.get("foreach") is not True
+            and (o.get("param_tensors") or 0) >= cfg.optimizer_min_tensors]
+    if share <= cfg.optimizer_share or not slow:
+        return None
+    name = slow[0]["name"]
+    return Finding(
+        "slow-optimizer", "warn", f"Optimizer step takes {share:.0%} of each step ({name}, per-tensor loop)",
+        {"optimizer_share": round(share, 4), "optimizers": slow},
+        f"Construct the optimizer with fused=True (CUDA) or foreach=True: torch.optim.{name}(params, ..., "
+        "foreach=True) applies the update to all tensors at once instead of one small kernel per tensor.",
+        impact=share,
+    )
