@@ -44,6 +44,7 @@ def _run_parser() -> _Parser:
                    help="profiler window: wait, warmup, active steps (default 1,1,3)")
     p.add_argument("--count-flops", action="store_true", help="count one step's FLOPs at start (for MFU)")
     p.add_argument("--peak-tflops", type=float, metavar="T", help="device peak TFLOP/s for MFU (default: from a table of GPUs)")
+    p.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds to override (TOML, see README)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script, like python -m")
     p.add_argument("--version", action="version", version=f"perfmon {__version__}")
     return p
@@ -52,7 +53,7 @@ def _run_parser() -> _Parser:
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     """Options of perfmon vs the script and its arguments: the first bare word (or -m X) splits them."""
     takes_value = {"--interval", "--run-dir", "--python", "--sample-interval", "--profile-every", "--profile-interval",
-                   "--profile-schedule", "--peak-tflops"}
+                   "--profile-schedule", "--peak-tflops", "--rules"}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -120,6 +121,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.interval <= 0:
         _run_parser().error("--interval must be positive")
     env = _agent_env(args)
+    rules = None
+    if args.rules is not None:
+        from perfmon.rules import Config
+
+        try:
+            rules = Config.from_toml(args.rules)
+        except (OSError, ValueError, TypeError) as exc:
+            print(f"perfmon: error: --rules {args.rules}: {exc}", file=sys.stderr)
+            return 2
     try:
         check_target(target, args.python)
         run_dir = args.run_dir or default_run_dir(target.name)
@@ -130,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.headless:
         from perfmon.headless import run_headless
 
-        return run_headless(proc, args.interval)
+        return run_headless(proc, args.interval, rules=rules)
     from perfmon.monitor import run_dashboard
 
     return run_dashboard(proc)

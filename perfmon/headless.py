@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from perfmon.launch import TrainingProcess, exit_status, finalize_recording
-from perfmon.report import format_summary, status_line
+from perfmon.report import format_finding, format_summary, status_line
+from perfmon.rules import Config, Engine
 from perfmon.sources import LiveSource, ReplaySource, Source, wait_for_socket
 from perfmon.state import RunState
 
@@ -73,9 +74,11 @@ def connect(proc: TrainingProcess) -> Source:
     return ReplaySource(proc.run_dir, follow=True)
 
 
-def run_headless(proc: TrainingProcess, interval: float, err: Any = None) -> int:
+def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None) -> int:
     err = err or sys.stderr
     state = RunState()
+    engine = Engine(rules)
+    next_rules = time.monotonic() + 1.0
     lock = threading.Lock()
     tail = LogTail(proc.run_dir / "output.log", sys.stdout.buffer)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -91,6 +94,12 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None) -> int
         next_status = time.monotonic() + interval
         while proc.alive():
             tail.pump()
+            if time.monotonic() >= next_rules:
+                with lock:
+                    new = engine.update(state)
+                for finding in new:
+                    print(f"[perfmon] finding{format_finding(finding.to_json())[1:]}", file=err, flush=True)
+                next_rules += 1.0
             if time.monotonic() >= next_status:
                 with lock:
                     line = status_line(state)

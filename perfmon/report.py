@@ -47,8 +47,12 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def build_summary(state: RunState) -> dict[str, Any]:
-    """The stable report JSON; see README "Report JSON"."""
+def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[str, Any]:
+    """The stable report JSON; see README "Report JSON". ``findings`` default: the rules over the whole state."""
+    if findings is None:
+        from perfmon.rules import evaluate_once
+
+        findings = evaluate_once(state)
     phases = state.phase_stats(recent=False)
     shares = {p: phases[p]["share"] or 0.0 for p in ALL_PHASES}
     total_share = sum(shares.values())
@@ -94,7 +98,7 @@ def build_summary(state: RunState) -> dict[str, Any]:
         ],
         "flops_per_step": state.flops()["flops_per_step"],
         "mfu": _round(state.flops()["mfu"], 4),
-        "findings": [],
+        "findings": [f.to_json() for f in findings],
     }
 
 
@@ -199,11 +203,20 @@ def format_summary(state: RunState) -> str:
     )
     if state.exit and state.exit.exception:
         lines += ["", f"  exception {state.exit.exception}"]
+    if s["findings"]:
+        lines += ["", "  findings"]
+        for f in s["findings"]:
+            lines.append(format_finding(f))
     if s["skipped_lines"]:
         lines.append(f"  note: {s['skipped_lines']} malformed recording lines were skipped")
     if s["agent_errors"]:
         lines.append(f"  note: agent internal errors {s['agent_errors']} (training was not affected)")
     return "\n".join(lines)
+
+
+def format_finding(f: dict[str, Any]) -> str:
+    """A finding in two indented lines: severity and title, then the fix."""
+    return f"  [{f['severity']}] {f['id']}: {f['title']}\n      fix: {f['fix']}"
 
 
 def report_main(run_dir: Path, as_json: bool) -> int:

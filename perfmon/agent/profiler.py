@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize")
+CUDA_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 TOP_N = 30
 
 
@@ -114,12 +114,11 @@ def summarize(prof: Any, traces_dir: Path, active: int, cuda: bool, step: int, r
     for r in rows:
         r["share"] = r["self_ms"] / total_self
     rows.sort(key=lambda r: r["self_ms"], reverse=True)
-    syncs = sum(r["calls"] for r in rows if r["name"] in SYNC_OPS or "Memcpy DtoH" in r["name"])
-    # item() calls _local_scalar_dense: count the outer op only
-    inner = sum(r["calls"] for r in rows if r["name"] == "aten::_local_scalar_dense")
-    outer = sum(r["calls"] for r in rows if r["name"] == "aten::item")
-    if outer and inner:
-        syncs -= min(inner, outer)
+    if cuda:
+        # what actually blocks the host: the runtime's sync calls (an .item() on a CUDA tensor ends in one)
+        syncs = sum(r["calls"] for r in rows if r["name"] in CUDA_SYNCS)
+    else:
+        syncs = sum(r["calls"] for r in rows if r["name"] == "aten::item")  # no device to wait for on CPU
     return {
         "type": "profile", "v": 1, "step": step, "active_steps": active, "reason": reason, "device": "cuda" if cuda else "cpu",
         "top_ops": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows[:TOP_N]],

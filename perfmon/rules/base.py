@@ -62,7 +62,10 @@ class Config:
     @classmethod
     def from_toml(cls, path: Path) -> Config:
         """``--rules FILE``: ``[thresholds]`` overrides, ``disabled = ["id", ...]``."""
-        import tomllib
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
 
         data = tomllib.loads(Path(path).read_text())
         known = {f.name: f.type for f in fields(cls)}

@@ -28,12 +28,12 @@ def device_underused(f: Facts, cfg: Config) -> Finding | None:
 @rule("host-sync", ">= 1 host-device synchronisation per step in the last profiler window (aten::item, cudaStreamSynchronize, DtoH copies)")
 def host_sync(f: Facts, cfg: Config) -> Finding | None:
     prof = f.profile
-    if not prof or prof.get("syncs_per_step") is None or prof["syncs_per_step"] < cfg.syncs_per_step_warn:
-        return None
+    if not prof or prof.get("device") != "cuda" or (prof.get("syncs_per_step") or 0) < cfg.syncs_per_step_warn:
+        return None  # on CPU nothing waits for a device
     names = [op["name"] for op in prof.get("top_ops", []) if op["name"] in (
         "aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize") or "DtoH" in op["name"]]
     return Finding(
-        "host-sync", "warn" if prof.get("device") == "cuda" else "info",
+        "host-sync", "warn",
         f"{prof['syncs_per_step']:.1f} host-device synchronisations per step",
         {"syncs_per_step": prof["syncs_per_step"], "ops": names, "window_step": prof.get("step")},
         "Each .item()/.cpu()/print(tensor) waits for the GPU to drain. Accumulate metrics on the device "
