@@ -1,0 +1,202 @@
+"""Table tests for every rule on synthetic states: fires, stays quiet, hysteresis, warm-up."""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_nvml import GIB
+from perfmon import protocol
+from perfmon.rules import REGISTRY, Config, Engine, evaluate_once
+from perfmon.state import RunState
+
+FIELDS = list(protocol.STEP_FIELDS)
+
+
+def make_state(n=100, data=1.0, fwd=3.0, bwd=4.0, opt=1.5, other=0.5, spikes=None, samples=32, cuda=False,
+               gpus=None, cuda_mem=None, model=None, profile=None, host=None, rss=None, t0=1000.0):
+    """A run of ``n`` steps with the given phase times (ms); extra telemetry optional."""
+    state = RunState()
+    state.apply(protocol.message("hello", seq=1, script="x.py", argv=["x.py"], pid=1, start=t0, cuda=cuda))
+    seq = 2
+    t = t0
+    rows = []
+    for i in range(1, n + 1):
+        extra = (spikes or {}).get(i, 0.0)
+        dur = data + fwd + bwd + opt + other + extra
+        t += dur / 1000
+        rows.append([i, t, dur, data, fwd, bwd, opt, other + extra, samples])
+    state.apply(protocol.message("steps", fields=FIELDS, rows=rows, seq=seq))
+    seq += 1
+    if model is not None:
+        state.apply(protocol.message("model", seq=seq, **model))
+        seq += 1
+    for k in range(len(rss) if rss else 1):
+        if gpus is None and cuda_mem is None and host is None and not rss:
+            break
+        h = dict(host or {"cpu_percent": 100.0, "cpu_count": 8, "system_cpu_percent": 40.0, "workers": 0})
+        if rss:
+            h["rss_bytes"] = rss[k]
+        state.apply(protocol.message("sample", seq=seq, t=t0 + k * 2.0, host=h, gpus=gpus or [], cuda_mem=cuda_mem))
+        seq += 1
+    if profile is not None:
+        state.apply(protocol.message("profile", seq=seq, **profile))
+    return state
+
+
+def ids(state, cfg=None):
+    return [f.id for f in evaluate_once(state, cfg)]
+
+
+def find(state, rule_id, cfg=None):
+    return next((f for f in evaluate_once(state, cfg) if f.id == rule_id), None)
+
+
+LOADER = {"num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None, "batch_size": 32}
+H100 = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_bytes": 80 * GIB, "util_gpu": 98, "power_w": 500.0,
+        "power_limit_w": 700.0, "throttled": [], "temp_c": 60}
+
+
+def test_registry_has_the_stable_ids_with_documented_thresholds():
+    expected = {"input-bound", "loader-cpu-bound", "device-underused", "host-sync", "memory-pressure", "fragmentation",
+                "no-mixed-precision", "priority", "step-instability", "memory-creep", "throttling", "slow-optimizer"}
+    assert expected <= set(REGISTRY)
+    assert all(doc for _, doc in REGISTRY.values())
+
+
+def test_healthy_run_has_only_the_priority_info():
+    findings = evaluate_once(make_state())
+    assert [f.id for f in findings] == ["priority"]
+    assert findings[0].severity == "info" and "backward" in findings[0].title
+
+
+@pytest.mark.parametrize("data, severity", [(0.5, None), (1.4, "warn"), (3.0, "critical")])
+def test_input_bound_thresholds(data, severity):
+    state = make_state(data=data, fwd=3, bwd=3, opt=1, other=0, model={"loaders": [LOADER]})
+    f = find(state, "input-bound")
+    if severity is None:
+        assert f is None
+    else:
+        assert f.severity == severity and "num_workers=0" in f.fix and f.impact == pytest.approx(data / (data + 7))
+
+
+def test_loader_cpu_bound_when_workers_saturate():
+    loader = {**LOADER, "num_workers": 4}
+    host = {"cpu_percent": 50.0, "cpu_count": 4, "system_cpu_percent": 98.0, "workers": 4, "workers_cpu_percent": 390.0}
+    assert find(make_state(data=5, model={"loaders": [loader]}, host=host), "loader-cpu-bound") is not None
+    idle = {**host, "system_cpu_percent": 30.0, "workers_cpu_percent": 40.0}
+    assert find(make_state(data=5, model={"loaders": [loader]}, host=idle), "loader-cpu-bound") is None
+
+
+def test_device_underused_from_nvml_or_profile():
+    assert find(make_state(cuda=True, gpus=[{**H100, "util_gpu": 40}]), "device-underused") is not None
+    assert find(make_state(cuda=True, gpus=[H100]), "device-underused") is None
+    prof = {"step": 50, "top_ops": [], "device": "cuda", "device_busy": 0.3, "syncs_per_step": 0}
+    assert find(make_state(cuda=True, gpus=[H100], profile=prof), "device-underused") is not None
+    # input-bound runs are not "launch bound"
+    assert find(make_state(data=5, cuda=True, gpus=[{**H100, "util_gpu": 40}]), "device-underused") is None
+
+
+def test_host_sync_only_on_cuda_profiles():
+    prof = {"step": 50, "device": "cuda", "syncs_per_step": 4.0, "device_busy": 0.9,
+            "top_ops": [{"name": "cudaStreamSynchronize", "share": 0.01, "calls": 12}]}
+    f = find(make_state(cuda=True, gpus=[H100], profile=prof), "host-sync")
+    assert f is not None and f.evidence["syncs_per_step"] == 4.0 and ".item()" in f.fix
+    assert find(make_state(profile={**prof, "device": "cpu"}), "host-sync") is None
+    assert find(make_state(cuda=True, gpus=[H100], profile={**prof, "syncs_per_step": 0.0}), "host-sync") is None
+
+
+def test_memory_pressure_and_retries():
+    mem = {"peak_reserved_bytes": 76 * GIB, "peak_allocated_bytes": 70 * GIB, "reserved_bytes": 76 * GIB,
+           "allocated_bytes": 60 * GIB, "alloc_retries": 0, "ooms": 0}
+    model = {"static_bytes": 10 * GIB}
+    f = find(make_state(cuda=True, gpus=[H100], cuda_mem=mem, model=model), "memory-pressure")
+    assert f is not None and f.severity == "warn" and f.evidence["max_batch"] == int((80 * GIB * 0.95 - 10 * GIB) // (60 * GIB / 32))
+    f = find(make_state(cuda=True, gpus=[H100], cuda_mem={**mem, "peak_reserved_bytes": 20 * GIB, "alloc_retries": 3}), "memory-pressure")
+    assert f is not None and f.severity == "critical"
+    assert find(make_state(cuda=True, gpus=[H100], cuda_mem={**mem, "peak_reserved_bytes": 40 * GIB}), "memory-pressure") is None
+
+
+def test_fragmentation():
+    frag = {"reserved_bytes": 30 * GIB, "allocated_bytes": 10 * GIB, "peak_reserved_bytes": 30 * GIB}
+    f = find(make_state(cuda=True, gpus=[H100], cuda_mem=frag), "fragmentation")
+    assert f is not None and "expandable_segments:True" in f.fix
+    ok = {"reserved_bytes": 12 * GIB, "allocated_bytes": 10 * GIB, "peak_reserved_bytes": 12 * GIB}
+    assert find(make_state(cuda=True, gpus=[H100], cuda_mem=ok), "fragmentation") is None
+
+
+def test_no_mixed_precision():
+    prof = {"step": 50, "device": "cuda", "syncs_per_step": 0, "device_busy": 0.95,
+            "top_ops": [{"name": "ampere_sgemm_128x64_nn", "share": 0.5, "calls": 30}]}
+    fp32 = {"by_dtype": {"float32": 1000}}
+    assert find(make_state(cuda=True, gpus=[H100], profile=prof, model=fp32), "no-mixed-precision") is not None
+    assert find(make_state(cuda=True, gpus=[H100], profile=prof, model={"by_dtype": {"bfloat16": 1000}}), "no-mixed-precision") is None
+
+
+def test_priority_notes_overlapped_data():
+    f = find(make_state(data=0.1, fwd=1, bwd=1, opt=1, other=0), "priority")
+    assert f.severity == "info" and len(f.evidence["ranking"]) == 5
+
+
+def test_step_instability_periodic_spikes_and_quiet_when_steady():
+    spikes = {i: 40.0 for i in range(20, 101, 20)}
+    f = find(make_state(spikes=spikes), "step-instability")
+    assert f is not None and f.evidence["period"] == 20
+    assert find(make_state(), "step-instability") is None
+
+
+def test_step_instability_ignores_warmup_and_profiled_steps():
+    # a huge first step (compilation) is warm-up, not instability
+    assert find(make_state(spikes={1: 5000.0, 2: 3000.0}), "step-instability") is None
+
+
+def test_memory_creep_vs_flat_memory():
+    growing = [1 * GIB + k * 20 * 2**20 for k in range(60)]
+    f = find(make_state(rss=growing), "memory-creep")
+    assert f is not None and f.evidence["series"] == "rss" and f.evidence["grown_bytes"] > 500 * 2**20
+    flat = [1 * GIB + (k % 3) * 2**20 for k in range(60)]
+    assert find(make_state(rss=flat), "memory-creep") is None
+
+
+def test_throttling():
+    hot = {**H100, "throttled": ["hw_thermal"], "sm_clock_mhz": 1400, "sm_clock_max_mhz": 1980}
+    assert find(make_state(cuda=True, gpus=[hot]), "throttling") is not None
+    assert find(make_state(cuda=True, gpus=[{**H100, "power_w": 699.0}]), "throttling") is not None
+    assert find(make_state(cuda=True, gpus=[H100]), "throttling") is None
+
+
+def test_slow_optimizer():
+    flags = {"optimizer_flags": [{"name": "AdamW", "fused": None, "foreach": None, "param_tensors": 200}]}
+    f = find(make_state(opt=6, model=flags), "slow-optimizer")
+    assert f is not None and "foreach=True" in f.fix
+    fused = {"optimizer_flags": [{"name": "AdamW", "fused": True, "foreach": None, "param_tensors": 200}]}
+    assert find(make_state(opt=6, model=fused), "slow-optimizer") is None
+    assert find(make_state(opt=1, model=flags), "slow-optimizer") is None
+
+
+def test_too_few_steps_yield_nothing():
+    assert evaluate_once(make_state(n=15, data=5)) == []
+
+
+def test_hysteresis_appears_after_hold_and_clears_after_clear():
+    cfg = Config(hold=3, clear=2)
+    engine = Engine(cfg)
+    bad = make_state(data=5)
+    assert engine.update(bad) == [] and engine.update(bad) == []
+    assert [f.id for f in engine.update(bad)][:1] == ["input-bound"]
+    assert "input-bound" in [f.id for f in engine.active]
+    good = make_state()
+    engine.update(good)
+    assert "input-bound" in [f.id for f in engine.active]  # one good evaluation is not enough
+    engine.update(good)
+    assert "input-bound" not in [f.id for f in engine.active]
+
+
+def test_config_from_toml(tmp_path):
+    path = tmp_path / "rules.toml"
+    path.write_text('disabled = ["priority"]\n[thresholds]\ndata-warn = 0.5\n')
+    cfg = Config.from_toml(path)
+    assert cfg.data_warn == 0.5 and "priority" not in ids(make_state(data=2), cfg)
+    assert "input-bound" not in ids(make_state(data=2), cfg)
+    path.write_text("[thresholds]\nno_such = 1\n")
+    with pytest.raises(ValueError, match="unknown setting"):
+        Config.from_toml(path)
