@@ -149,7 +149,9 @@ class RunState:
         self.profiles: deque[dict[str, Any]] = deque(maxlen=20)
         self.profiling: dict[str, Any] | None = None
         self.command_results: deque[dict[str, Any]] = deque(maxlen=50)
-        self.windows: deque[list[float]] = deque(maxlen=64)  # [start, stop] of profiler/FLOP windows
+        self.windows: deque[list[float]] = deque(maxlen=64)
+        # raw memory readings (rss, cuda allocated) for leak detection, newest 600
+        self.memory_samples: dict[str, deque[float]] = {"rss": deque(maxlen=600), "cuda_alloc": deque(maxlen=600)}  # [start, stop] of profiler/FLOP windows
 
     # -- ingest -------------------------------------------------------------------------
     def apply(self, msg: dict[str, Any]) -> None:
@@ -231,6 +233,8 @@ class RunState:
             rss = host.get("rss_bytes")
             if isinstance(rss, int | float):
                 self.series["rss"].add(t, rss)
+                if self.steps > 10:  # past warm-up: imports and first allocations are not a leak
+                    self.memory_samples["rss"].append(rss)
                 self._peak("rss_bytes", rss)
             self._peak("workers_rss_bytes", host.get("workers_rss_bytes"))
             if host.get("workers") and isinstance(host.get("workers_cpu_percent"), int | float):
@@ -249,6 +253,8 @@ class RunState:
         self.cuda_mem = cm if isinstance(cm, dict) else self.cuda_mem
         if self.cuda_mem and isinstance(self.cuda_mem.get("allocated_bytes"), int | float):
             self.series["cuda_alloc"].add(t, self.cuda_mem["allocated_bytes"])
+            if self.steps > 10:
+                self.memory_samples["cuda_alloc"].append(self.cuda_mem["allocated_bytes"])
         if self.cuda_mem:
             self._peak("peak_reserved_bytes", self.cuda_mem.get("peak_reserved_bytes"))
             self._peak("peak_allocated_bytes", self.cuda_mem.get("peak_allocated_bytes"))

@@ -22,9 +22,12 @@ class Finding:
     evidence: dict[str, Any]
     fix: str
     impact: float = 0.0  # share of step time at stake, 0..1
+    supersedes: tuple[str, ...] = ()  # a more specific diagnosis hides these
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["supersedes"]
+        return out
 
     @property
     def rank(self) -> tuple[int, float]:
@@ -51,10 +54,11 @@ class Config:
     fp32_gemm_share: float = 0.30
     instability_ratio: float = 2.0
     spike_ratio: float = 3.0
+    instability_min_excess: float = 0.05  # share of time lost to slow steps
     first_step_ratio: float = 10.0
     creep_growth: float = 0.10
     creep_min_bytes: int = 100 << 20
-    creep_min_points: int = 30
+    creep_min_points: int = 20
     optimizer_share: float = 0.25
     optimizer_min_tensors: int = 10
     disabled: tuple[str, ...] = ()

@@ -19,6 +19,9 @@ def _run_all(facts: Facts, cfg: Config) -> dict[str, Finding]:
             finding = None  # a rule that cannot decide on odd data stays silent
         if finding is not None:
             out[rule_id] = finding
+    for finding in list(out.values()):
+        for hidden in finding.supersedes:
+            out.pop(hidden, None)
     return out
 
 

@@ -54,11 +54,11 @@ def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
     system = (host.get("system_cpu_percent") or 0.0) / 100.0
     if per_worker >= cfg.loader_cpu_saturated or system >= cfg.loader_cpu_saturated:
         return Finding(
-            "loader-cpu-bound", "warn", f"DataLoader workers saturate the CPU ({workers_cpu:.0f}% over {nw} workers)",
+            "loader-cpu-bound", "critical" if share > cfg.data_critical else "warn", f"DataLoader workers saturate the CPU ({workers_cpu:.0f}% over {nw} workers)",
             {"workers": nw, "workers_cpu_percent": workers_cpu, "system_cpu_percent": host.get("system_cpu_percent"),
              "cpu_count": cpus, "data_share": round(share, 4)},
             "Preprocessing is CPU-bound: more workers will not help past the CPU count. Make each sample cheaper "
             "(pre-decode, smaller images, simpler augmentation), move augmentation to the GPU, or use a host with more cores.",
-            impact=share,
+            impact=share, supersedes=("input-bound",),
         )
     return None

@@ -63,10 +63,10 @@ def _creep(values: list[float], cfg: Config) -> tuple[float, float] | None:
     return grown / first, grown
 
 
-@rule("memory-creep", "RSS or CUDA allocated memory up > 10% and > 100 MiB, rising steadily over >= 30 samples")
+@rule("memory-creep", "RSS or CUDA allocated memory up > 10% and > 100 MiB, rising steadily over >= 20 samples")
 def memory_creep(f: Facts, cfg: Config) -> Finding | None:
     for key, label in (("cuda_alloc", "GPU allocated memory"), ("rss", "process RSS")):
-        values = f.state.series[key].values(None)
+        values = list(f.state.memory_samples[key])
         found = _creep(values, cfg)
         if found:
             growth, grown = found

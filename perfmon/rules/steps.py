@@ -27,7 +27,7 @@ def priority(f: Facts, cfg: Config) -> Finding | None:
     )
 
 
-@rule("step-instability", "p99/p50 step time > 2, or periodic spikes > 3x the median, or a first step > 10x the median")
+@rule("step-instability", "p99/p50 step time > 2 or periodic spikes > 3x the median, costing >= 5% of the time")
 def step_instability(f: Facts, cfg: Config) -> Finding | None:
     p50, p99 = f.quantile(0.5), f.quantile(0.99)
     if not p50 or p99 is None:
@@ -39,9 +39,9 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
         if len(gaps) == 1:
             period = gaps.pop()
     ratio = p99 / p50
-    if ratio <= cfg.instability_ratio and not period:
-        return None
     excess = sum(max(0.0, s["dur"] - p50) for s in f.steps) / max(1e-9, sum(s["dur"] for s in f.steps))
+    if (ratio <= cfg.instability_ratio and not period) or excess < cfg.instability_min_excess:
+        return None
     what = f"every {period} steps" if period else f"p99 is {ratio:.1f}x p50"
     return Finding(
         "step-instability", "warn", f"Unstable step time: spikes {what}",

@@ -24,7 +24,7 @@ from textual.widgets import Footer
 from perfmon.state import RunState
 from perfmon.tui.widgets.dialogs import DETACH, STOP, HelpScreen, QuitScreen
 from perfmon.tui.widgets.header import HeaderInfo, RunHeader
-from perfmon.tui.widgets.logpanel import LogPanel, OutputTail, last_frame
+from perfmon.tui.widgets.logpanel import MAX_LINES, LogPanel, OutputTail, last_frame
 from perfmon.tui.widgets.phases import SPANS, PhaseInfo, PhasesPanel
 
 if TYPE_CHECKING:
@@ -92,7 +92,6 @@ class PerfmonApp(App[None]):
     TITLE = "perfmon"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = KEYS
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
 
     def __init__(
         self,
@@ -111,6 +110,7 @@ class PerfmonApp(App[None]):
         self.stream_error: str | None = None
         self.process_ended = False
         self.refreshes = 0  # data refreshes done (diagnostics and tests)
+        self._last_refresh = -1e9
         self.clock: Callable[[], float] = time.time  # wall clock for elapsed time (tests pin it)
         self._dirty = False
         self._outcome: str | None = None
@@ -174,6 +174,7 @@ class PerfmonApp(App[None]):
         phases.info = info
         log.exception, log.where = exception, where
         self.refreshes += 1
+        self._last_refresh = time.monotonic()
         if self.job_ended:
             self._job_over.set()
 
@@ -191,14 +192,15 @@ class PerfmonApp(App[None]):
             self.refresh_data()
 
     def _tick(self) -> None:
-        """Once a second: the elapsed time of a running job."""
-        if not self._dirty and not self.job_ended:
+        """Once a second: the elapsed time of a running job, unless a data refresh just drew it."""
+        if not self._dirty and not self.job_ended and time.monotonic() - self._last_refresh > TICK_S / 2:
             with self.lock:
                 header = self._header_info()
             self.query_one(RunHeader).info = header
 
     def on_state_changed(self, _: StateChanged) -> None:
-        self.refresh_data()
+        if time.monotonic() - self._last_refresh >= COALESCE_S * 0.8:
+            self.refresh_data()  # else the next _flush draws it: at most ~2 redraws a second
 
     def on_stream_ended(self, message: StreamEnded) -> None:
         self.stream_ended = True
@@ -247,7 +249,10 @@ class PerfmonApp(App[None]):
 
     @work(thread=True, exit_on_error=False, group="output")
     def _tail_output(self) -> None:
-        """Post new complete lines of ``RUN/output.log`` about 4 times a second; ends after the job did."""
+        """Poll ``RUN/output.log`` 4 times a second; post new complete lines at most every COALESCE_S.
+
+        Ends once the job is over and the file is read to its end.
+        """
         tail: OutputTail | None = None
         while tail is None:  # an attached source learns its run dir from the agent's hello
             run_dir = self.run_dir or getattr(self.source, "run_dir", None) or self.state.meta.get("run_dir")
@@ -255,16 +260,20 @@ class PerfmonApp(App[None]):
                 tail = OutputTail(Path(run_dir) / "output.log")
             elif self._job_over.is_set() or self._bg_stop.wait(LOG_POLL_S):
                 return
+        pending: list[str] = []
+        last_post = 0.0
         while True:
             ended = self._job_over.is_set()
             lines = tail.read()
+            pending.extend(lines)
             if ended and not lines:
-                lines = tail.flush()
-                if lines:
-                    self.post_message(OutputLines(lines))
+                pending.extend(tail.flush())
+            now = time.monotonic()
+            if pending and (ended or now - last_post >= COALESCE_S):
+                self.post_message(OutputLines(pending[-MAX_LINES:]))
+                pending, last_post = [], now
+            if ended and not lines:
                 return
-            if lines:
-                self.post_message(OutputLines(lines))
             if self._bg_stop.wait(LOG_POLL_S):
                 return
 

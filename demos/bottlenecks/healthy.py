@@ -1,0 +1,22 @@
+"""A healthy loop: data in memory, steady steps. perfmon should raise no warning here."""
+
+import torch
+from _common import args, mlp
+from torch.utils.data import DataLoader, TensorDataset
+
+a = args()
+model = mlp()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = TensorDataset(torch.randn(4096, 128), torch.randn(4096, 1))
+loader = DataLoader(data, batch_size=64, shuffle=True)
+step = 0
+while step < a.steps:
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        if step >= a.steps:
+            break
+print("done", step)

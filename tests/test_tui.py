@@ -1,0 +1,385 @@
+"""Pilot tests of the dashboard, fed from recordings written by tests/tui_fixtures.py."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tui_fixtures import (
+    ARGV,
+    PID,
+    START,
+    TRACEBACK,
+    loaded,
+    output_lines,
+    screen_text,
+    wait_until,
+    write_recording,
+)
+
+from perfmon import protocol
+from perfmon.sources import ReplaySource, Source
+from perfmon.state import RunState
+from perfmon.tui.app import PerfmonApp
+from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.dialogs import HelpScreen, QuitScreen
+from perfmon.tui.widgets.logpanel import LogPanel, OutputTail, clean_line, last_frame
+from perfmon.tui.widgets.phases import SPANS, PhasesPanel
+
+PHASE_ROWS = ("data", "forward", "backward", "optimizer", "other", "step")
+
+
+class FakeProcess:
+    """Test double for perfmon.launch.TrainingProcess: records stop(); wait() blocks until end()."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.pid = PID
+        self.run_dir = run_dir
+        self.stops = 0
+        self.returncode: int | None = None
+        self._done = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode if self._done.is_set() else None
+
+    def wait(self) -> int:
+        self._done.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+    def stop(self) -> None:
+        self.stops += 1
+
+    def end(self, returncode: int) -> None:
+        self.returncode = returncode
+        self._done.set()
+
+
+def make_app(tmp_path: Path, exit: str | None = "ok", process: bool = False, **kw: Any) -> PerfmonApp:
+    run_dir = write_recording(tmp_path / "run", exit=exit, **kw)
+    proc = FakeProcess(run_dir) if process else None
+    app = PerfmonApp(RunState(), ReplaySource(run_dir), run_dir, proc)
+    app.clock = lambda: START + 150.0
+    return app
+
+
+def row_tokens(text: str, name: str) -> list[list[str]]:
+    """Tokens after the phase name of each table row for ``name``."""
+    rows = []
+    for line in text.splitlines():
+        tokens = line.replace("│", " ").replace("■", " ").split()
+        if len(tokens) >= 9 and tokens[0] == name and tokens[8].endswith("%"):
+            rows.append(tokens[1:9])
+    return rows
+
+
+async def test_header_shows_run(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        text = screen_text(app)
+        assert " ".join(ARGV) in text
+        assert "step 3,000" in text
+        assert f"pid {PID}" in text
+        assert "exited 0" in text
+        assert "CPU only — no GPU" in text
+        assert f"elapsed {fmt.duration(app.state.elapsed())}" in text
+        assert f"steps/s {fmt.rate(app.state.steps_per_s())}" in text
+        assert f"samples/s {fmt.rate(app.state.samples_per_s())}" in text
+
+
+async def test_header_running_and_unknown_rates(tmp_path: Path) -> None:
+    app = make_app(tmp_path, exit=None, process=True, steps=1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        text = screen_text(app)
+        assert "● running" in text
+        assert "steps/s —" in text and "samples/s —" in text
+        assert "elapsed 0:02:30" in text  # the pinned clock: START + 150 s
+        app.process.end(0)
+
+
+async def test_phases_match_state(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        text = screen_text(app)
+        recent, total = app.state.phase_stats(recent=True), app.state.phase_stats(recent=False)
+        for phase in PHASE_ROWS:
+            expected = [
+                fmt.ms(s[k]) if k != "share" else fmt.share(s[k])
+                for s in (recent[phase], total[phase]) for k in ("mean_ms", "p50_ms", "p95_ms", "share")
+            ]
+            assert row_tokens(text, phase) == [expected], phase
+        assert row_tokens(text, "optimizer")[0][0] == "3.50"  # the fixture's constant optimizer time
+        assert row_tokens(text, "step")[0][3] == "100%"
+        assert "last 200 steps" in text and "since start (3,000)" in text
+
+
+async def test_log_shows_output(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        log = app.query_one(LogPanel).log_widget
+        lines = output_lines(app.run_dir)
+        assert list(log.lines)[-3:] == lines[-3:]
+        assert "loading dataset: 96,000 samples" in log.lines  # colour codes stripped
+        text = screen_text(app)
+        assert "training done" in text and "step  3000  loss" in text
+
+
+async def test_log_follows_growing_output(tmp_path: Path) -> None:
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        log = app.query_one(LogPanel).log_widget
+        with open(app.run_dir / "output.log", "a") as f:
+            f.write("epoch 2 starts\nhalf a li")
+        await wait_until(pilot, lambda: "epoch 2 starts" in log.lines)
+        assert "half a li" not in log.lines
+        app.process.end(0)
+        await wait_until(pilot, lambda: "half a li" in log.lines)  # flushed once the job is over
+
+
+async def test_failed_run_shows_exception(tmp_path: Path) -> None:
+    app = make_app(tmp_path, exit="failed")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        text = screen_text(app)
+        assert "failed (ValueError), exit 1" in text
+        assert "✘ ValueError: boom  at train.py:37 in main" in text
+        assert app.query_one(LogPanel).has_class("-failed")
+        assert 'raise ValueError("boom")' in text  # the traceback, from output.log
+
+
+async def test_ok_run_has_no_exception_banner(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        assert not app.query_one(LogPanel).has_class("-failed")
+        assert "✘" not in screen_text(app)
+
+
+async def test_help_screen(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        text = screen_text(app)
+        for key, words in (("q, ctrl+c, ctrl+q", "quit"), ("d", "detach"), ("t", "chart span"), ("?", "help")):
+            assert re.search(rf"(^|\s){re.escape(key)}\s{{2,}}[^│█]*{words}", text, re.M), key
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        assert app.is_running
+
+
+async def test_q_on_finished_run_quits(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("q")
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.outcome == "quit"
+
+
+async def test_q_on_running_job_then_detach(tmp_path: Path) -> None:
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        assert "[s]   stop training" in screen_text(app)
+        await pilot.press("d")
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.outcome == "detached"
+    assert app.process.stops == 0
+
+
+async def test_q_on_running_job_then_stop(tmp_path: Path) -> None:
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("s")
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.outcome == "stopped"
+    assert app.process.stops == 1
+
+
+async def test_escape_cancels_then_job_ends_and_dashboard_stays(tmp_path: Path) -> None:
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, QuitScreen)
+        assert app.is_running and app.process.stops == 0
+        app.process.end(-9)
+        await wait_until(pilot, lambda: app.process_ended)
+        text = screen_text(app)
+        assert "killed by SIGKILL" in text and "step 3,000" in text
+        assert app.is_running  # stays with the final numbers
+        await pilot.press("q")  # the job is over: no question
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.outcome == "quit"
+
+
+async def test_ctrl_c_asks_even_from_help(tmp_path: Path) -> None:
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("ctrl+c")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("escape")
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("ctrl+c")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.press("ctrl+c")  # a second one does not stack dialogs
+        assert len(app.screen_stack) == 2
+        await pilot.press("escape")
+        app.process.end(0)
+
+
+async def test_d_detaches_directly(tmp_path: Path) -> None:
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("d")
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.outcome == "detached"
+    assert app.process.stops == 0
+
+
+async def test_attached_job_cannot_be_stopped_from_dialog(tmp_path: Path) -> None:
+    run_dir = write_recording(tmp_path / "run", exit=None)
+    app = PerfmonApp(RunState(), ReplaySource(run_dir, follow=True, poll=0.05), run_dir)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.state.steps == 3000)
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        assert f"kill -INT {PID}" in screen_text(app)
+        await pilot.press("s")  # not offered: nothing happens
+        assert isinstance(app.screen, QuitScreen) and app.is_running
+        await pilot.press("d")
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.outcome == "detached"
+
+
+async def test_stream_without_exit(tmp_path: Path) -> None:
+    app = make_app(tmp_path, exit=None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        text = screen_text(app)
+        assert "stream ended, no exit recorded" in text
+        assert f"elapsed {fmt.duration(app.state.last_end - START)}" in text
+        await pilot.press("q")
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.outcome == "quit"
+
+
+async def test_t_cycles_sparkline_span(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        panel = app.query_one(PhasesPanel)
+        assert panel.info is not None
+        one_minute = panel.info.series
+        assert one_minute == tuple(app.state.step_series.values(60.0))
+        assert "last 1 min" in screen_text(app)
+        await pilot.press("t")
+        assert panel.span == SPANS[1]
+        assert panel.info.series == tuple(app.state.step_series.values(600.0))
+        assert len(panel.info.series) > len(one_minute)  # the fixture runs for about two minutes
+        assert "last 10 min" in screen_text(app)
+        for _ in range(len(SPANS) - 1):
+            await pilot.press("t")
+        assert panel.span == SPANS[0]
+
+
+@pytest.mark.parametrize("exit", ["ok", "failed"])
+async def test_small_terminal(tmp_path: Path, exit: str) -> None:
+    app = make_app(tmp_path, exit=exit)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        text = screen_text(app)
+        assert len(text.splitlines()) == 24
+        for needed in (" ".join(ARGV), "step 3,000", "steps/s", "elapsed", "CPU only — no GPU", "step time, last 1 min",
+                       "q Quit", "d Detach", "? Help"):
+            assert needed in text, needed
+        for phase in PHASE_ROWS:
+            assert len(row_tokens(text, phase)) == 1, phase
+        if exit == "ok":
+            assert "exited 0" in text and "training done" in text
+        else:
+            assert "failed (ValueError)" in text and "✘ ValueError: boom" in text
+            assert "ValueError: boom" in text.split("✘ ValueError: boom", 1)[1]  # the traceback's last line too
+        await pilot.press("question_mark")
+        assert "detach" in screen_text(app)
+
+
+class BurstSource(Source):
+    """Many small messages as fast as possible."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.run_dir = None
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        yield protocol.message("hello", seq=1, script="burst.py", argv=["burst.py"], pid=1, start=START, cuda=False)
+        for i in range(1, self.n + 1):
+            row = [i, START + i * 1e-4, 0.1, 0.02, 0.03, 0.03, 0.01, 0.01, 1]
+            yield protocol.message("steps", seq=i + 1, fields=list(protocol.STEP_FIELDS), rows=[row])
+
+
+async def test_updates_are_coalesced(tmp_path: Path) -> None:
+    app = PerfmonApp(RunState(), BurstSource(20_000), None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.stream_ended, timeout=30)
+        assert app.state.steps == 20_000
+        assert app.refreshes < 100  # not one redraw per message
+        assert "step 20,000" in screen_text(app)
+
+
+class BrokenSource(Source):
+    """A stream that breaks after the hello."""
+
+    run_dir = None
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        yield protocol.message("hello", seq=1, script="x.py", argv=["x.py"], pid=7, start=START, cuda=False)
+        raise OSError("connection reset")
+
+
+async def test_broken_stream_is_reported(tmp_path: Path) -> None:
+    app = PerfmonApp(RunState(), BrokenSource(), None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.stream_ended)
+        text = screen_text(app)
+        assert "stream error: OSError: connection reset" in text
+        assert "x.py" in text
+        assert app.is_running
+
+
+def test_output_tail_and_cleaning(tmp_path: Path) -> None:
+    path = tmp_path / "output.log"
+    tail = OutputTail(path)
+    assert tail.read() == []  # not there yet
+    path.write_bytes(b"one\ntw")
+    assert tail.read() == ["one"]
+    with open(path, "ab") as f:
+        f.write(b"o\n")
+    assert tail.read() == ["two"]
+    path.write_bytes(b"new\n")  # truncated and rewritten
+    assert tail.read() == ["new"]
+    assert clean_line("\x1b[31mred\x1b[0m") == "red"
+    assert clean_line("epoch 1:  10%\repoch 1: 100%\r") == "epoch 1: 100%"
+    assert last_frame(None) is None
+    assert last_frame(TRACEBACK) == "train.py:37 in main"
