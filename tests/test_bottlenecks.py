@@ -1,0 +1,53 @@
+"""Each bottleneck demo under `perfmon --headless`: the top finding names its bottleneck;
+the healthy one raises no warning. GPU-only rules are covered on synthetic states (test_rules)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DEMOS = Path(__file__).resolve().parent.parent / "demos" / "bottlenecks"
+pytestmark = pytest.mark.e2e
+
+
+def run(tmp_path: Path, demo: str) -> dict:
+    run_dir = tmp_path / demo
+    out = subprocess.run(
+        [sys.executable, "-m", "perfmon.cli", "--headless", "--interval", "100", "--sample-interval", "0.05",
+         "--run-dir", str(run_dir), str(DEMOS / f"{demo}.py")], capture_output=True, text=True, timeout=240,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = subprocess.run([sys.executable, "-m", "perfmon.cli", "report", str(run_dir), "--json"],
+                            capture_output=True, text=True, check=True)
+    data = json.loads(report.stdout)
+    data["_stderr"] = out.stderr
+    return data
+
+
+@pytest.mark.parametrize(
+    "demo, expected",
+    [("slow_dataloader", "input-bound"), ("spiky", "step-instability"), ("leaking", "memory-creep"),
+     ("slow_optimizer", "slow-optimizer"), ("loader_cpu_bound", "loader-cpu-bound")],
+)
+def test_top_finding_names_the_bottleneck(tmp_path, demo, expected):
+    data = run(tmp_path, demo)
+    problems = [f for f in data["findings"] if f["severity"] != "info"]
+    assert problems, data["findings"]
+    assert problems[0]["id"] == expected, [(f["id"], f["title"]) for f in problems]
+    assert problems[0]["fix"] and problems[0]["evidence"]
+
+
+def test_healthy_run_raises_no_warning(tmp_path):
+    data = run(tmp_path, "healthy")
+    assert [f for f in data["findings"] if f["severity"] != "info"] == []
+    assert [f["id"] for f in data["findings"]] == ["priority"]
+
+
+def test_headless_prints_findings_as_they_appear(tmp_path):
+    data = run(tmp_path, "slow_dataloader")
+    assert "[perfmon] finding [critical] input-bound" in data["_stderr"]
+    assert "findings" in data["_stderr"]  # and again in the summary at exit
