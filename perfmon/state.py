@@ -36,7 +36,7 @@ class Histogram:
         if x <= 1e-6:
             self.zeros += 1
             return
-        k = math.floor(math.log(x) / math.log(self.RATIO))
+        k = math.floor(math.log(x) * _INV_LOG_RATIO)
         self.counts[k] = self.counts.get(k, 0) + 1
 
     def quantile(self, q: float) -> float | None:
@@ -53,6 +53,9 @@ class Histogram:
         return self.RATIO ** (max(self.counts) + 0.5)
 
 
+_INV_LOG_RATIO = 1.0 / math.log(Histogram.RATIO)
+
+
 class TimeSeries:
     """Fine recent, coarse old: each level keeps a fixed number of (bucket, mean, max) points."""
 
@@ -62,15 +65,36 @@ class TimeSeries:
         self.levels: list[deque[list[float]]] = [deque(maxlen=n) for _, n in self.LEVELS]
 
     def add(self, t: float, value: float) -> None:
-        for (res, _), points in zip(self.LEVELS, self.levels, strict=True):
-            bucket = math.floor(t / res) * res
-            if points and points[-1][0] == bucket:
-                p = points[-1]
-                p[1] += value
-                p[2] += 1
-                p[3] = max(p[3], value)
-            else:
-                points.append([bucket, value, 1, value])
+        # O(1) per value: only the finest level is touched; a closed bucket rolls up once
+        res = self.LEVELS[0][0]
+        bucket = math.floor(t / res) * res
+        points = self.levels[0]
+        if points and points[-1][0] == bucket:
+            p = points[-1]
+            p[1] += value
+            p[2] += 1
+            if value > p[3]:
+                p[3] = value
+        else:
+            if points:
+                self._roll(1, points[-1])
+            points.append([bucket, value, 1, value])
+
+    def _roll(self, level: int, closed: list[float]) -> None:
+        if level >= len(self.LEVELS):
+            return
+        res = self.LEVELS[level][0]
+        bucket = math.floor(closed[0] / res) * res
+        points = self.levels[level]
+        if points and points[-1][0] == bucket:
+            p = points[-1]
+            p[1] += closed[1]
+            p[2] += closed[2]
+            p[3] = max(p[3], closed[3])
+        else:
+            if points:
+                self._roll(level + 1, points[-1])
+            points.append([bucket, closed[1], closed[2], closed[3]])
 
     def span_covered(self, level: int) -> float:
         res, n = self.LEVELS[level]
