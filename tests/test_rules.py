@@ -200,3 +200,11 @@ def test_config_from_toml(tmp_path):
     path.write_text("[thresholds]\nno_such = 1\n")
     with pytest.raises(ValueError, match="unknown setting"):
         Config.from_toml(path)
+
+
+def test_too_few_workers_when_each_is_busy_and_cpus_are_idle():
+    loader = {**LOADER, "num_workers": 2}
+    host = {"cpu_percent": 30.0, "cpu_count": 16, "system_cpu_percent": 20.0, "workers": 2, "workers_cpu_percent": 196.0}
+    f = find(make_state(data=5, model={"loaders": [loader]}, host=host), "loader-cpu-bound")
+    assert f is not None and "num_workers=2) to 4" in f.fix
+    assert find(make_state(data=5, model={"loaders": [loader]}, host=host), "input-bound") is None  # superseded

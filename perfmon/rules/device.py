@@ -25,7 +25,7 @@ def device_underused(f: Facts, cfg: Config) -> Finding | None:
     )
 
 
-@rule("host-sync", ">= 1 host-device synchronisation per step in the last profiler window (aten::item, cudaStreamSynchronize, DtoH copies)")
+@rule("host-sync", ">= 1 CUDA runtime synchronisation per step (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize: what .item(), .cpu() and DtoH copies end in) in the last profiler window")
 def host_sync(f: Facts, cfg: Config) -> Finding | None:
     prof = f.profile
     if not prof or prof.get("device") != "cuda" or (prof.get("syncs_per_step") or 0) < cfg.syncs_per_step_warn:

@@ -40,7 +40,7 @@ def input_bound(f: Facts, cfg: Config) -> Finding | None:
     )
 
 
-@rule("loader-cpu-bound", "data share > 10% with DataLoader workers using > 90% of their CPUs (CPU-bound preprocessing), or workers idle while data is slow (too few)")
+@rule("loader-cpu-bound", "data share > 10% with DataLoader workers using > 90% of their CPUs (CPU-bound preprocessing), or every worker busy with CPUs to spare (too few workers)")
 def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["data"]
     loader = _loader(f)
@@ -59,6 +59,16 @@ def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
              "cpu_count": cpus, "data_share": round(share, 4)},
             "Preprocessing is CPU-bound: more workers will not help past the CPU count. Make each sample cheaper "
             "(pre-decode, smaller images, simpler augmentation), move augmentation to the GPU, or use a host with more cores.",
+            impact=share, supersedes=("input-bound",),
+        )
+    if per_worker >= cfg.loader_cpu_saturated and nw < cpus:
+        want = min(cpus, 2 * nw)
+        return Finding(
+            "loader-cpu-bound", "critical" if share > cfg.data_critical else "warn",
+            f"Too few DataLoader workers: {nw} workers each at {per_worker:.0%} CPU, {cpus - nw} CPUs to spare",
+            {"workers": nw, "per_worker_cpu": round(per_worker, 3), "system_cpu_percent": host.get("system_cpu_percent"),
+             "cpu_count": cpus, "data_share": round(share, 4)},
+            f"Raise DataLoader(num_workers={nw}) to {want}: each worker is busy all the time and the host has idle CPUs.",
             impact=share, supersedes=("input-bound",),
         )
     return None
