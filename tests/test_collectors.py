@@ -5,8 +5,15 @@ from __future__ import annotations
 import os
 
 import pytest
+from fake_nvml import (
+    GIB,
+    FakeNvml,
+    NVMLError_GpuIsLost,
+    NVMLError_LibraryNotFound,
+    NVMLError_NotSupported,
+    h100,
+)
 
-from fake_nvml import GIB, FakeNvml, NVMLError_GpuIsLost, NVMLError_LibraryNotFound, NVMLError_NotSupported, h100
 from perfmon.collectors.host import HostSampler
 from perfmon.collectors.nvml import NvmlSampler, visible_devices
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from fake_nvml import GIB
+
 from perfmon import protocol
 from perfmon.rules import REGISTRY, Config, Engine, evaluate_once
 from perfmon.state import RunState
