@@ -52,7 +52,7 @@ def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
     workers_cpu = host.get("workers_cpu_percent") or 0.0
     per_worker = workers_cpu / nw / 100.0
     system = (host.get("system_cpu_percent") or 0.0) / 100.0
-    if per_worker >= cfg.loader_cpu_saturated or system >= cfg.loader_cpu_saturated:
+    if system >= cfg.loader_cpu_saturated or workers_cpu / (100.0 * cpus) >= cfg.loader_cpu_saturated:
         return Finding(
             "loader-cpu-bound", "critical" if share > cfg.data_critical else "warn", f"DataLoader workers saturate the CPU ({workers_cpu:.0f}% over {nw} workers)",
             {"workers": nw, "workers_cpu_percent": workers_cpu, "system_cpu_percent": host.get("system_cpu_percent"),
