@@ -1,0 +1,541 @@
+"""End to end: ``perfmon --headless`` on real (tiny) training scripts, checked with ``perfmon report --json``.
+
+Each test launches perfmon as a user would (the ``perfmon`` console script next to the
+interpreter, else ``python -m perfmon.cli``) on a script of ``demos/loops`` and reads back
+the recording. Nothing waits on a fixed sleep: every wait polls a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[1]
+LOOPS = REPO / "demos" / "loops"
+CONSOLE = Path(sys.executable).with_name("perfmon")
+PERFMON = [str(CONSOLE)] if CONSOLE.exists() else [sys.executable, "-m", "perfmon.cli"]
+PERFMON_MODULE = [sys.executable, "-m", "perfmon.cli"]
+DEADLINE = 90.0  # seconds; generous, the machine may be shared
+# Five shares each rounded to 6 places can miss 1 by up to 2.5e-6: live runs allow that much, and the
+# documented "add up to 1" (within 1e-6) is held by a recording crafted to hit the worst case
+# (test_report_phase_shares_sum_to_one_despite_rounding), which fails deterministically instead of now and then.
+SHARE_TOL = 3e-6
+
+# Known perfmon bugs these tests found (strict: a fix makes the test pass, then drop the mark).
+BUG_MANUAL_LAST_STEP = ("perfmon bug: in a loop without an optimizer the last step is never closed "
+                        "(a step ends only when data/forward follows a backward), so N steps record N-1")
+BUG_MAIN_GLOBALS = ("perfmon bug: a script's __file__ is the path as typed (python makes it absolute) "
+                    "and __package__ is '' (python: None)")
+BUG_SYMLINK_PATH0 = ("perfmon bug: sys.path[0] is the symlink's dir; python resolves the link and uses "
+                     "the target's dir, so sibling imports of a symlinked script break")
+BUG_DASH_M_CONSOLE = ("perfmon bug: `perfmon -m MOD` looks MOD up on perfmon's own sys.path (the console "
+                      "script's bin dir, not the cwd) and fails with \"No module named\"")
+BUG_TRACEBACK = ("perfmon bug: the traceback of a crash shows perfmon's and runpy's frames (sys.excepthook "
+                 "ignores the trimmed tb and uses exc.__traceback__) and relative file names")
+BUG_SHARE_ROUNDING = ("perfmon bug: report rounds each phase share to 6 places separately, so the shares "
+                      "can add up to 1 +- 2.5e-6, not 1 within 1e-6")
+BUG_REUSED_RUN_DIR = ("perfmon bug: --run-dir of an earlier run appends to its events.jsonl and output.log: "
+                      "the old output is replayed on stdout and the report mixes the two runs")
+
+
+# -- helpers --------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def env() -> Iterator[dict[str, str]]:
+    """A private runtime dir (sockets, discovery files), so concurrent runs elsewhere do not interfere."""
+    rt = tempfile.mkdtemp(prefix="pm-e2e-")  # short path: Unix socket paths are limited to ~107 bytes
+    yield dict(os.environ, PERFMON_RUNTIME_DIR=rt)
+    shutil.rmtree(rt, ignore_errors=True)
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = DEADLINE, every: float = 0.02) -> Any:
+    """Poll ``cond`` until it returns something truthy; fail with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def perfmon(args: list[str], env: dict[str, str], cwd: Path = REPO, launcher: list[str] | None = None,
+            timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*(launcher or PERFMON), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def headless(run: Path, script: str, *args: str, env: dict[str, str], cwd: Path = REPO,
+             interval: float | None = None, launcher: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    opts = ["--headless", "--run-dir", str(run)] + (["--interval", str(interval)] if interval else [])
+    target = ["-m", script] if not script.endswith(".py") else [script]
+    return perfmon([*opts, *target, *args], env, cwd=cwd, launcher=launcher)
+
+
+def report(run: Path, env: dict[str, str]) -> dict[str, Any]:
+    res = perfmon(["report", str(run), "--json"], env)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    """Complete lines of RUN/events.jsonl (a trailing partial line is left for later)."""
+    try:
+        data = (run / "events.jsonl").read_bytes()
+    except OSError:
+        return []
+    return [json.loads(line) for line in data.split(b"\n")[:-1] if line.strip()]
+
+
+def hello_pid(run: Path) -> int:
+    msgs = wait_for(lambda: [m for m in events(run) if m.get("type") == "hello"], "the hello message")
+    return int(msgs[0]["pid"])
+
+
+def has_steps(run: Path, at_least: int = 1) -> bool:
+    rows = sum(len(m.get("rows", [])) for m in events(run) if m.get("type") == "steps")
+    return rows >= at_least
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs (a zombie waiting for its new parent to reap it counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+def leftovers(env: dict[str, str], pid: int) -> list[str]:
+    """The agent's socket and discovery file left in the runtime dir after its process ended."""
+    return sorted(p.name for p in Path(env["PERFMON_RUNTIME_DIR"]).glob(f"{pid}.*"))
+
+
+def kill_quietly(pid: int | None) -> None:
+    if pid is not None and not gone(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Background:
+    """perfmon started with Popen, its stdout/stderr going to files that a test can poll."""
+
+    def __init__(self, args: list[str], env: dict[str, str], tmp: Path, cwd: Path = REPO) -> None:
+        self.out_path, self.err_path = tmp / "perfmon.out", tmp / "perfmon.err"
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.popen = subprocess.Popen([*PERFMON, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                          stdout=out, stderr=err)
+        self.train_pid: int | None = None
+
+    @property
+    def stdout(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def wait(self, timeout: float = DEADLINE) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def cleanup(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+        kill_quietly(self.train_pid)
+
+
+@pytest.fixture
+def background(env, tmp_path) -> Iterator[Callable[..., Background]]:
+    started: list[Background] = []
+
+    def start(args: list[str], cwd: Path = REPO) -> Background:
+        bg = Background(args, env, tmp_path, cwd)
+        started.append(bg)
+        return bg
+
+    yield start
+    for bg in started:
+        bg.cleanup()
+
+
+# -- the plain DataLoader + optimizer loop, one run shared by several checks ------------------------------
+DL_STEPS, DL_BATCH = 20, 16
+
+
+@pytest.fixture(scope="module")
+def dl_run(env, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str], dict[str, Any]]:
+    run = tmp_path_factory.mktemp("dl") / "run"
+    res = headless(run, "demos/loops/dataloader_optimizer.py", "--steps", str(DL_STEPS),
+                   "--batch-size", str(DL_BATCH), env=env, interval=0.5)
+    return run, res, report(run, env)
+
+
+def test_dataloader_loop_exact_steps_and_clean_exit(dl_run):
+    run, res, rep = dl_run
+    assert res.returncode == 0, res.stderr
+    assert rep["steps"] == DL_STEPS
+    assert rep["exit_code"] == 0 and rep["complete"] is True and rep["exception"] is None
+
+
+def test_dataloader_loop_all_phases_timed_and_shares_sum_to_one(dl_run):
+    rep = dl_run[2]
+    for phase in ("data", "forward", "backward", "optimizer"):
+        assert rep["phases"][phase]["mean_ms"] > 0, phase
+    assert abs(sum(p["share"] for p in rep["phases"].values()) - 1.0) <= SHARE_TOL
+
+
+def test_samples_per_s_is_steps_per_s_times_batch_size(dl_run):
+    rep = dl_run[2]
+    assert rep["steps_per_s"] > 0
+    assert rep["samples_per_s"] == pytest.approx(rep["steps_per_s"] * DL_BATCH, rel=0.03)
+
+
+def test_script_stdout_passes_through_and_is_logged(dl_run):
+    run, res, _ = dl_run
+    assert f"done steps={DL_STEPS}" in res.stdout
+    assert f"done steps={DL_STEPS}" in (run / "output.log").read_text()
+    assert "[perfmon]" not in res.stdout  # status lines go to stderr only
+
+
+def test_headless_status_line_on_stderr(dl_run):
+    res = dl_run[1]
+    status = [line for line in res.stderr.splitlines() if line.startswith("[perfmon] ")]
+    assert status, res.stderr
+    assert all(" step " in line for line in status)
+    assert "perfmon summary" in res.stderr
+
+
+def test_summary_json_agrees_with_report(dl_run):
+    run, _, rep = dl_run
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == rep["steps"] == DL_STEPS
+    assert summary["exit_code"] == rep["exit_code"] == 0
+
+
+def test_events_jsonl_lines_are_versioned_typed_and_sequenced(dl_run):
+    run = dl_run[0]
+    lines = (run / "events.jsonl").read_bytes().split(b"\n")
+    assert lines[-1] == b"", "the recording must end with a complete line"
+    msgs = [json.loads(line) for line in lines[:-1]]
+    assert msgs and all("v" in m and "type" in m and isinstance(m.get("seq"), int) for m in msgs)
+    seqs = [m["seq"] for m in msgs]
+    assert seqs == sorted(set(seqs)), "seq must strictly increase"
+    assert msgs[0]["type"] == "hello"
+    assert msgs[-1]["type"] == "event" and msgs[-1]["kind"] == "exit"
+
+
+# -- every loop shape counts exactly its steps ---------------------------------------------------------
+LOOP_SHAPES = [
+    # id, script, args, steps, phases that must be timed (> 0), samples per step (None: not checked)
+    ("manual_update", "demos/loops/manual_update.py", ["--steps", "12"], 12, ("forward", "backward"), None,
+     BUG_MANUAL_LAST_STEP),
+    ("grad_accum", "demos/loops/grad_accum.py", ["--steps", "6", "--batch-size", "8"], 6,
+     ("data", "forward", "backward", "optimizer"), 32),
+    ("lbfgs", "demos/loops/lbfgs.py", ["--steps", "6"], 6, ("optimizer",), None),
+    ("amp_scaler", "demos/loops/amp_scaler.py", ["--steps", "8"], 8, ("forward", "backward", "optimizer"), None),
+    ("eval_loop", "demos/loops/eval_loop.py", ["--steps", "30"], 30, ("data", "forward", "backward", "optimizer"), 16),
+    ("eval_loop_manual", "demos/loops/eval_loop.py", ["--steps", "30", "--manual"], 30,
+     ("data", "forward", "backward"), 16),
+    ("custom_loop_explicit_api", "demos/custom_loop.py", ["--steps", "20", "--batch-size", "8"], 20,
+     ("data", "forward", "backward", "optimizer"), None),
+    ("sibling_import", "demos/loops/sibling_import.py", ["--steps", "6"], 6, ("forward", "backward", "optimizer"), None),
+    ("workers_fork", "demos/loops/workers_fork.py", ["--steps", "6"], 6, ("data", "forward", "optimizer"), 16),
+    ("workers_spawn", "demos/loops/workers_spawn.py", ["--steps", "6"], 6, ("data", "forward", "optimizer"), 16),
+]
+
+
+def _shape_param(case: tuple) -> Any:
+    bug = case[6] if len(case) > 6 else None
+    marks = [pytest.mark.xfail(strict=True, reason=bug)] if bug else []
+    return pytest.param(*case[1:6], id=case[0], marks=marks)
+
+
+@pytest.mark.parametrize(("script", "args", "steps", "phases", "per_step"), [_shape_param(c) for c in LOOP_SHAPES])
+def test_loop_shape_counts_exact_steps(env, tmp_path, script, args, steps, phases, per_step):
+    run = tmp_path / "run"
+    res = headless(run, script, *args, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "done steps=" in res.stdout
+    rep = report(run, env)
+    assert rep["steps"] == steps, f"{script}: {rep['steps']} steps recorded, the script ran {steps}"
+    for phase in phases:
+        assert rep["phases"][phase]["mean_ms"] > 0, phase
+    assert abs(sum(p["share"] for p in rep["phases"].values()) - 1.0) <= SHARE_TOL
+    if per_step is not None:
+        assert rep["samples_per_s"] == pytest.approx(rep["steps_per_s"] * per_step, rel=0.03)
+    if script.endswith("sibling_import.py"):
+        assert "helper_mod imported" in res.stdout
+
+
+def test_lbfgs_inner_forward_backward_are_not_double_counted(env, tmp_path):
+    run = tmp_path / "run"
+    res = headless(run, "demos/loops/lbfgs.py", "--steps", "4", env=env)
+    assert res.returncode == 0, res.stderr
+    phases = report(run, env)["phases"]
+    assert phases["forward"]["mean_ms"] == 0 and phases["backward"]["mean_ms"] == 0
+    assert phases["optimizer"]["share"] > 0.5
+
+
+@pytest.mark.parametrize("manual", [False, True], ids=["optimizer", "manual"])
+def test_evaluation_time_stays_out_of_training_steps(env, tmp_path, manual):
+    run = tmp_path / "run"
+    res = headless(run, "demos/loops/eval_loop.py", "--steps", "30", "--eval-batches", "40",
+                   *(["--manual"] if manual else []), env=env)
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"loop_s=([\d.]+) eval_s=([\d.]+)", res.stdout)
+    assert m, res.stdout
+    loop_s, eval_s = float(m[1]), float(m[2])
+    rep = report(run, env)
+    assert rep["steps"] == 30
+    stepped_s = rep["step_ms"]["mean_ms"] * rep["steps"] / 1000.0
+    # Without eval filtering the steps would add up to ~loop_s; with it, to ~loop_s - eval_s.
+    assert stepped_s < loop_s - 0.5 * eval_s, (stepped_s, loop_s, eval_s)
+
+
+def test_custom_loop_runs_without_perfmon(env):
+    res = subprocess.run([sys.executable, "demos/custom_loop.py", "--steps", "5"], cwd=REPO, env=env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "done steps=5" in res.stdout
+
+
+# -- the script sees what plain python would show it ------------------------------------------------------
+def _echo_plain_and_perfmon(env: dict[str, str], tmp: Path, target: list[str], cwd: Path) -> tuple[dict, dict]:
+    out = tmp / "echo.json"
+    args = [*target, "x", "--out", str(out), "--flag=1", "-v"]
+    res = subprocess.run([sys.executable, *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    plain = json.loads(out.read_text())
+    out.unlink()
+    res = perfmon(["--headless", "--run-dir", str(tmp / "run"), *args], env, cwd=cwd, launcher=PERFMON_MODULE)
+    assert res.returncode == 0, res.stderr
+    return plain, json.loads(out.read_text())
+
+
+SCRIPT_VIEW = ("argv", "argv_repr", "path0", "cwd", "name")
+MAIN_GLOBALS = ("file", "package", "spec_is_none", "main_is_this", "path", "torch_imported", "stdin_isatty")
+
+
+def test_script_argv_path_cwd_name_match_plain_python(env, tmp_path):
+    plain, under = _echo_plain_and_perfmon(env, tmp_path, ["demos/loops/argv_echo.py"], REPO)
+    assert {k: under[k] for k in SCRIPT_VIEW} == {k: plain[k] for k in SCRIPT_VIEW}
+
+
+def test_module_argv_path_cwd_name_match_plain_python(env, tmp_path):
+    plain, under = _echo_plain_and_perfmon(env, tmp_path, ["-m", "argv_echo"], LOOPS)
+    assert {k: under[k] for k in SCRIPT_VIEW} == {k: plain[k] for k in SCRIPT_VIEW}
+
+
+@pytest.mark.parametrize(("target", "cwd"), [
+    pytest.param(["demos/loops/argv_echo.py"], REPO, id="script",
+                 marks=pytest.mark.xfail(strict=True, reason=BUG_MAIN_GLOBALS)),
+    pytest.param(["-m", "argv_echo"], LOOPS, id="module"),
+])
+def test_main_globals_match_plain_python(env, tmp_path, target, cwd):
+    plain, under = _echo_plain_and_perfmon(env, tmp_path, target, cwd)
+    assert {k: under[k] for k in MAIN_GLOBALS} == {k: plain[k] for k in MAIN_GLOBALS}
+
+
+@pytest.mark.xfail(strict=True, reason=BUG_SYMLINK_PATH0)
+def test_symlinked_script_sys_path0_matches_plain_python(env, tmp_path):
+    link_dir = tmp_path / "links"
+    link_dir.mkdir()
+    (link_dir / "echo_link.py").symlink_to(LOOPS / "argv_echo.py")
+    plain, under = _echo_plain_and_perfmon(env, tmp_path, ["links/echo_link.py"], tmp_path)
+    assert plain["path0"] == str(LOOPS)  # python resolves the link: sibling imports keep working
+    assert {k: under[k] for k in SCRIPT_VIEW} == {k: plain[k] for k in SCRIPT_VIEW}
+
+
+@pytest.mark.parametrize("launcher", [
+    pytest.param(PERFMON, id="console_script",
+                 marks=[pytest.mark.xfail(strict=True, reason=BUG_DASH_M_CONSOLE)] if CONSOLE.exists() else []),
+    pytest.param(PERFMON_MODULE, id="python_m_perfmon_cli"),
+])
+def test_module_run_with_dash_m(env, tmp_path, launcher):
+    run = tmp_path / "run"
+    res = headless(run, "dataloader_optimizer", "--steps", "5", env=env, cwd=LOOPS, launcher=launcher)
+    assert res.returncode == 0, res.stderr
+    assert "done steps=5" in res.stdout
+    rep = report(run, env)
+    assert rep["steps"] == 5 and rep["exit_code"] == 0
+
+
+# -- exits --------------------------------------------------------------------------------------------------
+def test_crash_exit_1_with_exception_and_traceback(env, tmp_path):
+    run = tmp_path / "run"
+    res = headless(run, "demos/loops/crash.py", env=env)
+    assert res.returncode == 1
+    rep = report(run, env)
+    assert rep["exit_code"] == 1 and rep["complete"] is True
+    assert "ValueError: boom" in rep["exception"]
+    assert rep["steps"] == 5
+    log = (run / "output.log").read_text()
+    for text in (log, res.stdout):
+        assert "Traceback (most recent call last)" in text and "ValueError: boom" in text
+        assert 'raise ValueError("boom")' in text
+
+
+def _traceback(text: str) -> str:
+    start = text.index("Traceback (most recent call last)")
+    end = text.index("ValueError: boom", start) + len("ValueError: boom")
+    return text[start:end]
+
+
+@pytest.mark.xfail(strict=True, reason=BUG_TRACEBACK)
+def test_crash_traceback_is_the_one_plain_python_prints(env, tmp_path):
+    plain = subprocess.run([sys.executable, "demos/loops/crash.py"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 1
+    run = tmp_path / "run"
+    headless(run, "demos/loops/crash.py", env=env)
+    tb = _traceback((run / "output.log").read_text())
+    assert "perfmon" not in tb and "runpy" not in tb, tb
+    assert tb == _traceback(plain.stderr)
+    exit_event = [m for m in events(run) if m.get("kind") == "exit"][-1]
+    assert _traceback(exit_event["traceback"]) == _traceback(plain.stderr)
+
+
+def test_sys_exit_code_is_perfmon_exit_code(env, tmp_path):
+    run = tmp_path / "run"
+    res = headless(run, "demos/loops/exit_code.py", "--steps", "4", env=env)
+    assert res.returncode == 3, res.stderr
+    rep = report(run, env)
+    assert rep["exit_code"] == 3 and rep["steps"] == 4 and rep["exception"] is None
+
+
+def test_sigterm_to_training_process_gives_143_and_live_status(background, env, tmp_path):
+    run, gate = tmp_path / "run", tmp_path / "gate"
+    bg = background(["--headless", "--interval", "0.5", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",
+                     "--steps", "1000", "--hold-at", "10", "--gate", str(gate)])
+    bg.train_pid = hello_pid(run)
+    wait_for(lambda: has_steps(run, 10), "10 steps in events.jsonl")
+    # The live status line catches up with the held job (the monitor is not stuck on step 0).
+    wait_for(lambda: re.search(r"^\[perfmon\] .* step 10 \|", bg.stderr, re.M), "a status line at step 10")
+    os.kill(bg.train_pid, signal.SIGTERM)
+    assert bg.wait() == 143, bg.stderr
+    rep = report(run, env)
+    assert rep["exit_code"] == 143 and rep["signal"] == "SIGTERM" and rep["steps"] == 10
+    assert "holding at step 10" in bg.stdout
+    assert leftovers(env, bg.train_pid) == []
+
+
+def test_sigkill_to_training_process_is_recorded_by_the_monitor(background, env, tmp_path):
+    run, gate = tmp_path / "run", tmp_path / "gate"
+    bg = background(["--headless", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",
+                     "--steps", "1000", "--hold-at", "4", "--gate", str(gate)])
+    bg.train_pid = hello_pid(run)
+    wait_for(lambda: has_steps(run, 4), "4 steps in events.jsonl")
+    os.kill(bg.train_pid, signal.SIGKILL)
+    assert bg.wait() == 137, bg.stderr
+    rep = report(run, env)
+    assert rep["exit_code"] == 137 and rep["signal"] == "SIGKILL" and rep["complete"] is True
+    assert rep["steps"] == 4
+    assert json.loads((run / "summary.json").read_text())["signal"] == "SIGKILL"
+
+
+def test_ctrl_c_on_perfmon_stops_the_job_like_python(background, env, tmp_path):
+    run, gate = tmp_path / "run", tmp_path / "gate"
+    bg = background(["--headless", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",
+                     "--steps", "1000", "--hold-at", "3", "--gate", str(gate)])
+    bg.train_pid = hello_pid(run)
+    wait_for(lambda: has_steps(run, 3), "3 steps in events.jsonl")
+    bg.popen.send_signal(signal.SIGINT)
+    assert bg.wait() == 130, bg.stderr
+    rep = report(run, env)
+    assert rep["signal"] == "SIGINT" and rep["exit_code"] == 130 and rep["steps"] == 3
+    assert "KeyboardInterrupt" in (run / "output.log").read_text()
+
+
+def test_monitor_killed_training_goes_on_and_recording_completes(background, env, tmp_path):
+    run, gate = tmp_path / "run", tmp_path / "gate"
+    bg = background(["--headless", "--interval", "0.5", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",
+                     "--steps", "40", "--hold-at", "5", "--gate", str(gate)])
+    pid = bg.train_pid = hello_pid(run)
+    wait_for(lambda: has_steps(run, 5), "5 steps in events.jsonl")
+    bg.popen.kill()  # SIGKILL to the headless monitor
+    assert bg.wait() == -signal.SIGKILL
+    assert not gone(pid), "the training process died with its monitor"
+    gate.touch()
+    wait_for(lambda: gone(pid), "the training process to finish")
+    exits = [m for m in events(run) if m.get("type") == "event" and m.get("kind") == "exit"]
+    assert len(exits) == 1 and exits[0]["code"] == 0
+    rep = report(run, env)
+    assert rep["steps"] == 40 and rep["exit_code"] == 0 and rep["complete"] is True
+    assert "done steps=40" in (run / "output.log").read_text()
+    assert json.loads((run / "summary.json").read_text())["steps"] == 40
+    assert leftovers(env, pid) == []
+
+
+# -- usage errors -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args", [
+    pytest.param(["--headless", "no_such_script.py"], id="missing_script"),
+    pytest.param(["--headless", "-m", "no_such_module_xyz"], id="missing_module"),
+    pytest.param(["--headless", "--bogus-option", "demos/loops/crash.py"], id="bad_option"),
+    pytest.param(["--headless", "--interval", "abc", "demos/loops/crash.py"], id="bad_value"),
+    pytest.param(["--headless", "demos"], id="directory"),
+])
+def test_usage_errors_exit_2_with_one_line(env, tmp_path, args):
+    run = tmp_path / "run"
+    res = perfmon(["--run-dir", str(run), *args], env)
+    assert res.returncode == 2
+    assert len(res.stderr.splitlines()) == 1, res.stderr
+    assert res.stderr.startswith("perfmon: error: ") and "Traceback" not in res.stderr
+    assert res.stdout == ""
+    assert not run.exists(), "a usage error must not leave a run dir behind"
+
+
+@pytest.mark.xfail(strict=True, reason=BUG_SHARE_ROUNDING)
+def test_report_phase_shares_sum_to_one_despite_rounding(env, tmp_path):
+    """A recording whose five shares, each rounded to 6 places, would add up to 1.000002."""
+    run = tmp_path / "run"
+    run.mkdir()
+    fields = ["i", "t", "dur_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms", "samples"]
+    lines = [
+        {"v": 1, "type": "hello", "script": "x.py", "argv": ["x.py"], "pid": 1, "start": 1000.0, "seq": 1},
+        {"v": 1, "type": "steps", "fields": fields, "rows": [[1, 1001.0, 8.893, 2.9124, 0.423, 0.7241, 1.8916, 2.9419, 8]],
+         "seq": 2},
+        {"v": 1, "type": "event", "kind": "exit", "t": 1001.5, "code": 0, "signal": None, "exception": None, "seq": 3},
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    rep = report(run, env)
+    assert rep["steps"] == 1
+    assert abs(sum(p["share"] for p in rep["phases"].values()) - 1.0) <= 1e-6, rep["phases"]
+
+
+@pytest.mark.xfail(strict=True, reason=BUG_REUSED_RUN_DIR)
+def test_reused_run_dir_does_not_mix_two_runs(env, tmp_path):
+    run = tmp_path / "run"
+    first = headless(run, "demos/custom_loop.py", "--steps", "5", "--batch-size", "8", env=env)
+    assert first.returncode == 0, first.stderr
+    second = headless(run, "demos/custom_loop.py", "--steps", "7", "--batch-size", "8", env=env)
+    if second.returncode == 2:  # refusing to overwrite a recording is fine too, in one line
+        assert len(second.stderr.splitlines()) == 1 and report(run, env)["steps"] == 5
+        return
+    assert second.returncode == 0, second.stderr
+    assert "done steps=5" not in second.stdout, "the previous run's output was replayed"
+    rep = report(run, env)
+    assert rep["steps"] == 7 and rep["argv"][-3:] == ["7", "--batch-size", "8"]
