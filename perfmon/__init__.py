@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from perfmon import _api
 
 __version__ = "0.1.0"
-__all__ = ["step", "phase", "__version__"]
+__all__ = ["step", "phase", "instrument", "__version__"]
 
 _PHASES = frozenset({"data", "forward", "backward", "optimizer"})
 
@@ -46,3 +46,31 @@ def phase(name: str) -> Iterator[None]:
         yield
     finally:
         agent.emit(1, name)  # steps.END
+
+
+def instrument(run_dir: str | None = None) -> None:
+    """Start the agent in this process (for scripts not started by ``perfmon``), so that
+    ``perfmon attach`` works. Idempotent; the recording goes to ``run_dir`` (default
+    ``./perfmon-runs/<time>-<script>/``); it is finished when the interpreter exits."""
+    if _api.get_agent() is not None:
+        return
+    import atexit
+    import os
+    import sys
+
+    from perfmon.agent import bootstrap
+
+    if run_dir:
+        os.environ["PERFMON_RUN_DIR"] = str(run_dir)
+    script = sys.argv[0] if sys.argv and sys.argv[0] else "python"
+    agent = bootstrap.start_agent(script, list(sys.argv))
+    if agent is None:
+        return
+
+    def _finish() -> None:
+        exc = getattr(sys, "last_value", None)
+        info = {"code": 1 if exc else 0, "signal": None, "traceback": None,
+                "exception": f"{type(exc).__name__}: {exc}" if exc else None}
+        bootstrap.finish_agent(agent, info)
+
+    atexit.register(_finish)

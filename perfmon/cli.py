@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from perfmon import __version__
 
-SUBCOMMANDS = ("report",)
+SUBCOMMANDS = ("report", "ls", "attach", "replay")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +30,8 @@ def _run_parser() -> _Parser:
     p = _Parser(
         prog="perfmon",
         description="Live performance monitor for PyTorch training, in the terminal.",
-        usage="perfmon [OPTIONS] SCRIPT [ARGS...] | perfmon [OPTIONS] -m MODULE [ARGS...] | perfmon report RUN [--json]",
+        usage="perfmon [OPTIONS] SCRIPT [ARGS...] | perfmon [OPTIONS] -m MODULE [ARGS...] | "
+        "perfmon report RUN [--json] | perfmon ls | perfmon attach [PID|RUN] | perfmon replay RUN",
         epilog="Options come before the script; everything after the script is passed to it untouched.",
     )
     p.add_argument("--headless", action="store_true", help="no dashboard: script output on stdout, status lines on stderr")
@@ -106,10 +107,97 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def _ls(argv: list[str]) -> int:
+    from perfmon.discovery import live_runs
+
+    p = _Parser(prog="perfmon ls", description="Live perfmon runs on this machine.")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    runs = live_runs()
+    if args.json:
+        import json
+
+        print(json.dumps(runs, indent=2))
+        return 0
+    if not runs:
+        print("no live perfmon runs")
+        return 0
+    import time
+
+    print(f"{'PID':>8}  {'STARTED':<19}  {'STEPS':>8}  {'MONITORS':>8}  SCRIPT / RUN DIR")
+    for r in runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.get("start") or 0))
+        status = _status_of(r)
+        print(f"{r['pid']:>8}  {started:<19}  {status.get('steps', '?'):>8}  {status.get('monitors', '?'):>8}  "
+              f"{' '.join(r.get('argv') or [str(r.get('script'))])}\n{'':>51}{r.get('run_dir')}")
+    return 0
+
+
+def _status_of(run: dict) -> dict:
+    """Steps and attached monitors, read from the run's recording and discovery file."""
+    from perfmon.report import ReportError, load_recording
+
+    out: dict = {"monitors": run.get("monitors", "?")}
+    try:
+        out["steps"] = load_recording(Path(run["run_dir"])).steps
+    except (ReportError, KeyError, OSError):
+        pass
+    return out
+
+
+def _attach(argv: list[str]) -> int:
+    from perfmon.discovery import AttachError, find_run
+    from perfmon.sources import LiveSource
+
+    p = _Parser(prog="perfmon attach", description="Watch a running job: back-fill from its recording, then live.")
+    p.add_argument("target", nargs="?", help="pid or run dir (default: the only live run)")
+    args = p.parse_args(argv)
+    try:
+        run = find_run(args.target)
+        source = LiveSource(Path(run["socket"]), Path(run["run_dir"]))
+        source.connect()
+    except AttachError as exc:
+        print(f"perfmon: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"perfmon: error: cannot connect to pid {run['pid']}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    from perfmon.state import RunState
+    from perfmon.tui.app import PerfmonApp
+
+    app = PerfmonApp(RunState(), source, Path(run["run_dir"]))
+    app.run()
+    source.close()
+    if getattr(app, "outcome", "") == "detached":
+        print(f"perfmon: detached; training continues as pid {run['pid']}", file=sys.stderr)
+    return 0
+
+
+def _replay(argv: list[str]) -> int:
+    from perfmon.report import ReportError, load_recording
+    from perfmon.sources import ReplaySource
+
+    p = _Parser(prog="perfmon replay", description="The dashboard over a recording.")
+    p.add_argument("run_dir", type=Path)
+    args = p.parse_args(argv)
+    try:
+        load_recording(args.run_dir)  # one clear line for a bad dir before the screen opens
+    except ReportError as exc:
+        print(f"perfmon: error: {exc}", file=sys.stderr)
+        return 2
+    from perfmon.state import RunState
+    from perfmon.tui.app import PerfmonApp
+
+    PerfmonApp(RunState(), ReplaySource(args.run_dir), args.run_dir).run()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "report":
         return _report(argv[1:])
+    if argv and argv[0] in ("ls", "attach", "replay"):
+        return {"ls": _ls, "attach": _attach, "replay": _replay}[argv[0]](argv[1:])
     opts, rest = _split(argv)
     args = _run_parser().parse_args(opts)
     if args.module is None and not rest:

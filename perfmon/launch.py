@@ -52,10 +52,14 @@ def check_target(target: Target, python: str | None) -> None:
             raise LaunchError(f"can't read file '{target.script}': Permission denied")
     elif target.module is not None and python is None:
         top = target.module.split(".")[0]
+        saved = sys.path[:]
+        sys.path[:0] = [os.getcwd()]  # python -m looks in the cwd first; the perfmon script's dir is not it
         try:
             found = importlib.util.find_spec(top) is not None
         except (ImportError, ValueError):
             found = False
+        finally:
+            sys.path[:] = saved
         if not found:
             raise LaunchError(f"No module named '{top}'")
 
@@ -83,6 +87,8 @@ class TrainingProcess:
         return paths.socket_path(self.pid)
 
     def start(self) -> TrainingProcess:
+        if (self.run_dir / "events.jsonl").exists():
+            raise LaunchError(f"run dir {self.run_dir} already holds a recording; choose another --run-dir")
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             log = open(self.run_dir / "output.log", "ab")

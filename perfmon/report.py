@@ -7,6 +7,7 @@ recording and a partial one (a killed job) report the same way.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,10 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
     phases = state.phase_stats(recent=False)
     shares = {p: phases[p]["share"] or 0.0 for p in ALL_PHASES}
     total_share = sum(shares.values())
+    rounded = {p: round(shares[p] / total_share, 6) if total_share > 0 else 0.0 for p in ALL_PHASES}
+    if total_share > 0:  # the rounding remainder goes to the largest share: the sum is exactly 1
+        top = max(rounded, key=rounded.get)
+        rounded[top] = round(1.0 - sum(v for p, v in rounded.items() if p != top), 6)
     exit_info = state.exit
     meta = state.meta
     return {
@@ -75,8 +80,7 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
                 "mean_ms": _round(phases[p]["mean_ms"]) or 0.0,
                 "p50_ms": _round(phases[p]["p50_ms"]) or 0.0,
                 "p95_ms": _round(phases[p]["p95_ms"]) or 0.0,
-                # normalised so the shares add up to 1 exactly as documented
-                "share": round(shares[p] / total_share, 6) if total_share > 0 else 0.0,
+                "share": rounded[p],
             }
             for p in ALL_PHASES
         },
@@ -163,16 +167,20 @@ def format_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}"
 
 
-def status_line(state: RunState) -> str:
+def status_line(state: RunState, now: float | None = None) -> str:
     """One line for headless logs (every ``--interval`` seconds)."""
     stats = state.phase_stats(recent=True)
+    now = time.time() if now is None else now
+    stalled = ""
+    if state.exit is None and state.last_end is not None and now - state.last_end > 30:
+        stalled = f" | no step for {format_duration(now - state.last_end)}"
     shares = " ".join(
         f"{_SHORT[p]} {stats[p]['share'] * 100:.0f}%" for p in ALL_PHASES if stats[p]["share"] is not None
     )
     return (
         f"[perfmon] {format_duration(state.elapsed())} step {state.steps} | "
         f"{_fmt_rate(state.steps_per_s(), 'steps/s')} | {_fmt_rate(state.samples_per_s(), 'samples/s')} | "
-        f"step {_fmt_ms(stats['step']['mean_ms'])} ms | {shares or 'waiting for the first step'}"
+        f"step {_fmt_ms(stats['step']['mean_ms'])} ms | {shares or 'waiting for the first step'}{stalled}"
     )
 
 

@@ -36,20 +36,6 @@ DEADLINE = 90.0  # seconds; generous, the machine may be shared
 SHARE_TOL = 3e-6
 
 # Known perfmon bugs these tests found (strict: a fix makes the test pass, then drop the mark).
-BUG_MANUAL_LAST_STEP = ("perfmon bug: in a loop without an optimizer the last step is never closed "
-                        "(a step ends only when data/forward follows a backward), so N steps record N-1")
-BUG_MAIN_GLOBALS = ("perfmon bug: a script's __file__ is the path as typed (python makes it absolute) "
-                    "and __package__ is '' (python: None)")
-BUG_SYMLINK_PATH0 = ("perfmon bug: sys.path[0] is the symlink's dir; python resolves the link and uses "
-                     "the target's dir, so sibling imports of a symlinked script break")
-BUG_DASH_M_CONSOLE = ("perfmon bug: `perfmon -m MOD` looks MOD up on perfmon's own sys.path (the console "
-                      "script's bin dir, not the cwd) and fails with \"No module named\"")
-BUG_TRACEBACK = ("perfmon bug: the traceback of a crash shows perfmon's and runpy's frames (sys.excepthook "
-                 "ignores the trimmed tb and uses exc.__traceback__) and relative file names")
-BUG_SHARE_ROUNDING = ("perfmon bug: report rounds each phase share to 6 places separately, so the shares "
-                      "can add up to 1 +- 2.5e-6, not 1 within 1e-6")
-BUG_REUSED_RUN_DIR = ("perfmon bug: --run-dir of an earlier run appends to its events.jsonl and output.log: "
-                      "the old output is replayed on stdout and the report mixes the two runs")
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -250,8 +236,7 @@ def test_events_jsonl_lines_are_versioned_typed_and_sequenced(dl_run):
 # -- every loop shape counts exactly its steps ---------------------------------------------------------
 LOOP_SHAPES = [
     # id, script, args, steps, phases that must be timed (> 0), samples per step (None: not checked)
-    ("manual_update", "demos/loops/manual_update.py", ["--steps", "12"], 12, ("forward", "backward"), None,
-     BUG_MANUAL_LAST_STEP),
+    ("manual_update", "demos/loops/manual_update.py", ["--steps", "12"], 12, ("forward", "backward"), None),
     ("grad_accum", "demos/loops/grad_accum.py", ["--steps", "6", "--batch-size", "8"], 6,
      ("data", "forward", "backward", "optimizer"), 32),
     ("lbfgs", "demos/loops/lbfgs.py", ["--steps", "6"], 6, ("optimizer",), None),
@@ -351,8 +336,7 @@ def test_module_argv_path_cwd_name_match_plain_python(env, tmp_path):
 
 
 @pytest.mark.parametrize(("target", "cwd"), [
-    pytest.param(["demos/loops/argv_echo.py"], REPO, id="script",
-                 marks=pytest.mark.xfail(strict=True, reason=BUG_MAIN_GLOBALS)),
+    pytest.param(["demos/loops/argv_echo.py"], REPO, id="script"),
     pytest.param(["-m", "argv_echo"], LOOPS, id="module"),
 ])
 def test_main_globals_match_plain_python(env, tmp_path, target, cwd):
@@ -360,7 +344,6 @@ def test_main_globals_match_plain_python(env, tmp_path, target, cwd):
     assert {k: under[k] for k in MAIN_GLOBALS} == {k: plain[k] for k in MAIN_GLOBALS}
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_SYMLINK_PATH0)
 def test_symlinked_script_sys_path0_matches_plain_python(env, tmp_path):
     link_dir = tmp_path / "links"
     link_dir.mkdir()
@@ -371,8 +354,7 @@ def test_symlinked_script_sys_path0_matches_plain_python(env, tmp_path):
 
 
 @pytest.mark.parametrize("launcher", [
-    pytest.param(PERFMON, id="console_script",
-                 marks=[pytest.mark.xfail(strict=True, reason=BUG_DASH_M_CONSOLE)] if CONSOLE.exists() else []),
+    pytest.param(PERFMON, id="console_script"),
     pytest.param(PERFMON_MODULE, id="python_m_perfmon_cli"),
 ])
 def test_module_run_with_dash_m(env, tmp_path, launcher):
@@ -405,7 +387,6 @@ def _traceback(text: str) -> str:
     return text[start:end]
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_TRACEBACK)
 def test_crash_traceback_is_the_one_plain_python_prints(env, tmp_path):
     plain = subprocess.run([sys.executable, "demos/loops/crash.py"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                            capture_output=True, text=True, timeout=60)
@@ -508,7 +489,6 @@ def test_usage_errors_exit_2_with_one_line(env, tmp_path, args):
     assert not run.exists(), "a usage error must not leave a run dir behind"
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_SHARE_ROUNDING)
 def test_report_phase_shares_sum_to_one_despite_rounding(env, tmp_path):
     """A recording whose five shares, each rounded to 6 places, would add up to 1.000002."""
     run = tmp_path / "run"
@@ -526,7 +506,6 @@ def test_report_phase_shares_sum_to_one_despite_rounding(env, tmp_path):
     assert abs(sum(p["share"] for p in rep["phases"].values()) - 1.0) <= 1e-6, rep["phases"]
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_REUSED_RUN_DIR)
 def test_reused_run_dir_does_not_mix_two_runs(env, tmp_path):
     run = tmp_path / "run"
     first = headless(run, "demos/custom_loop.py", "--steps", "5", "--batch-size", "8", env=env)

@@ -6,11 +6,15 @@ come from the environment (the launcher sets them): ``PERFMON_RUN_DIR``.
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
 import os
 import runpy
 import signal
 import sys
 import traceback
+import types
+import zipfile
 from types import TracebackType
 
 from perfmon.agent import bootstrap
@@ -21,9 +25,33 @@ USAGE = "usage: python -m perfmon.agent [-m MODULE | SCRIPT] [ARGS...]"
 def _trim(tb: TracebackType | None) -> TracebackType | None:
     """Drop perfmon's and runpy's own frames from the top of a traceback."""
     ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), os.path.abspath(bootstrap.__file__)}
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
+
+    def is_ours(name: str) -> bool:
+        return name.startswith("<frozen runpy") or os.path.abspath(name) in ours
+
+    while tb is not None and is_ours(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return tb
+
+
+def run_script(path: str) -> None:
+    """Run ``path`` as ``__main__`` the way ``python path`` does (absolute ``__file__``,
+    ``__package__`` None, a fresh ``__main__`` module left in place afterwards)."""
+    abspath = os.path.abspath(path)
+    if os.path.isdir(abspath) or zipfile.is_zipfile(abspath):
+        runpy.run_path(abspath, run_name="__main__")  # a dir or zip with __main__.py
+        return
+    main = types.ModuleType("__main__")
+    main.__file__ = abspath
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", abspath)
+    main.__builtins__ = builtins
+    main.__cached__ = None
+    sys.modules["__main__"] = main
+    with open(abspath, "rb") as f:
+        source = f.read()
+    code = compile(source, abspath, "exec", dont_inherit=True)
+    # the user's own script, which this launcher exists to run (nothing from a socket or recording)
+    exec(code, main.__dict__)
 
 
 def main(argv: list[str]) -> int:
@@ -63,8 +91,8 @@ def main(argv: list[str]) -> int:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             sys.argv = [script, *rest]
-            sys.path[0] = os.path.dirname(os.path.abspath(script))
-            runpy.run_path(script, run_name="__main__")
+            sys.path[0] = os.path.dirname(os.path.realpath(script))  # python resolves symlinks here
+            run_script(script)
     except SystemExit as exc:
         code = exc.code
         if code is None:
@@ -77,7 +105,8 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt as exc:
         interrupted = True
         exit_info.update(code=None, signal="SIGINT", exception="KeyboardInterrupt")
-        traceback.print_exception(type(exc), exc, _trim(exc.__traceback__))
+        exc.__traceback__ = _trim(exc.__traceback__)
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
     except ImportError as exc:
         if module is not None and getattr(exc, "name", None) == module.split(".")[0] and _trim(exc.__traceback__) is None:
             print(f"perfmon: error: No module named {module!r}", file=sys.stderr)
@@ -97,6 +126,7 @@ def main(argv: list[str]) -> int:
 
 def _exception_info(exc: BaseException) -> dict:
     tb = _trim(exc.__traceback__)
+    exc.__traceback__ = tb  # the default excepthook prints the exception's own traceback
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     try:
         sys.excepthook(type(exc), exc, tb)

@@ -205,6 +205,10 @@ class Agent:
             rec = feed(code, t, arg, mark)
             if rec is not None:
                 records.append(rec)
+        if final:
+            last = self.tracker.finish()
+            if last is not None:
+                records.append(last)
         ready = self.cuda.resolve(records, final=final)
         if ready:
             self._publish_steps(ready)

@@ -62,6 +62,7 @@ class StepTracker:
         self._phase_mark: Any = None
         self._nograd_streak = 0
         self._pending_nograd = False
+        self._last_t = 0.0
         self._reset_partial()
 
     def _reset_partial(self) -> None:
@@ -72,8 +73,15 @@ class StepTracker:
         self._marks: dict[str, list[tuple[Any, Any]]] = {}
         self._start_mark: Any = None
 
+    def finish(self) -> StepRecord | None:
+        """The job ended: a manual-update step whose backward was its last phase is complete."""
+        if self._depth == 0 and self._auto_close_on_next():
+            return self._close(self._last_t, None)
+        return None
+
     def feed(self, code: int, t: float, arg: Any = None, mark: Any = None) -> StepRecord | None:
         """Apply one event; return the step it completed, if any."""
+        self._last_t = t
         if code == BEGIN:
             return self._begin(arg, t, mark)
         if code == END:

@@ -54,3 +54,65 @@ def duration(seconds: float) -> str:
 def count(value: int) -> str:
     """An integer with thousands separators."""
     return f"{value:,}"
+
+
+NA = "n/a"
+_BINARY = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+_SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def _num3(value: float) -> str:
+    """Three significant digits: ``1.31``, ``12.3``, ``842``."""
+    return f"{value:.2f}" if value < 9.995 else f"{value:.1f}" if value < 99.95 else f"{value:.0f}"
+
+
+def nbytes(value: float | None, unit: bool = True) -> str:
+    """Bytes in binary units: ``61.2 GiB``, ``512 MiB``, ``0 B``; "n/a" for unknown."""
+    if not isinstance(value, int | float):
+        return NA
+    for size, name in _BINARY:
+        if abs(value) >= size * 0.9995:
+            return f"{_num3(value / size)} {name}" if unit else _num3(value / size)
+    return f"{value:.0f} B" if unit else f"{value:.0f}"
+
+
+def gib(value: float | None) -> str:
+    """Bytes as GiB without the unit (for ``used/total GiB``)."""
+    if not isinstance(value, int | float):
+        return NA
+    return _num3(value / (1 << 30))
+
+
+def si(value: float | None) -> str:
+    """A count with an SI suffix: ``1.31M`` parameters, ``12.2T`` FLOPs, ``842``; "n/a" for unknown."""
+    if not isinstance(value, int | float):
+        return NA
+    for size, name in _SI:
+        if abs(value) >= size * 0.9995:
+            return f"{_num3(value / size)}{name}"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
+def pct(value: float | None) -> str:
+    """A percentage value (0..100): ``87%``, ``4.5%``; "n/a" for unknown."""
+    if not isinstance(value, int | float):
+        return NA
+    return f"{value:.1f}%" if 0 < value < 9.95 else f"{value:.0f}%"
+
+
+def num(value: float | None, unit: str = "", digits: int = 0) -> str:
+    """A plain number with an optional unit: ``412 W``, ``71°C``; "n/a" for unknown."""
+    if not isinstance(value, int | float):
+        return NA
+    return f"{value:,.{digits}f}{unit}"
+
+
+def ago(seconds: float) -> str:
+    """How long ago: ``just now``, ``12s ago``, ``3 min ago``, ``2 h ago``."""
+    if seconds < 1:
+        return "just now"
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.0f} h ago"

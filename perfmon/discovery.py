@@ -1,0 +1,77 @@
+"""Finding live runs on this machine: the agents' discovery files in the runtime dir."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from perfmon import paths
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_runs() -> list[dict[str, Any]]:
+    """Discovery records of agents that are still running (stale files are removed)."""
+    try:
+        rt = paths.runtime_dir(create=False)
+    except paths.RuntimeDirError:
+        return []
+    if not rt.is_dir():
+        return []
+    runs = []
+    for f in sorted(rt.glob("*.json")):
+        try:
+            info = json.loads(f.read_text())
+            pid = int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if not _alive(pid):
+            for stale in (f, Path(str(info.get("socket", "")))):
+                try:
+                    stale.unlink(missing_ok=True)
+                except OSError:
+                    pass
+            continue
+        runs.append(info)
+    return runs
+
+
+class AttachError(Exception):
+    """No such live run: the message is for the user."""
+
+
+def find_run(target: str | None) -> dict[str, Any]:
+    """The live run named by a pid or a run dir (or the only live run)."""
+    runs = live_runs()
+    if target is None:
+        if len(runs) == 1:
+            return runs[0]
+        if not runs:
+            raise AttachError("no live perfmon runs on this machine (perfmon ls)")
+        raise AttachError(f"{len(runs)} live runs: name one by pid or run dir (perfmon ls)")
+    if target.isdigit():
+        for r in runs:
+            if int(r["pid"]) == int(target):
+                return r
+        if _alive(int(target)):
+            raise AttachError(f"pid {target} is not a perfmon run (start it with perfmon, or call perfmon.instrument())")
+        raise AttachError(f"no process with pid {target}")
+    path = Path(target).resolve()
+    for r in runs:
+        if Path(r.get("run_dir", "")).resolve() == path:
+            return r
+    if path.is_dir():
+        if (path / "events.jsonl").exists():
+            raise AttachError(f"{target}: this run is not live any more; use perfmon replay {target} or perfmon report {target}")
+        raise AttachError(f"{target}: no recording (events.jsonl) in this directory")
+    raise AttachError(f"{target}: no such pid or run directory")

@@ -1,0 +1,309 @@
+"""Device panel: GPU utilization, memory, power, temperature, clocks, throttling; or why there is no GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from perfmon.state import RunState
+from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.phases import SPANS, resample, spark_rows, stacked_bar
+
+LABEL_W = 6
+Num = float | None
+
+
+def number(value: Any) -> Num:
+    """A reading as a float, None when missing or not a number."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def spark(values: tuple[float, ...], width: int, lo: float | None = None, hi: float | None = None) -> str:
+    """A one-row sparkline of ``values`` in ``width`` cells, on a fixed ``lo..hi`` scale when given."""
+    cells = resample(values, width)
+    if not cells:
+        return ""
+    if lo is not None and hi is not None and hi > lo:
+        cells = [lo, hi, *cells]  # pin the scale: spark_rows scales min..max
+        return spark_rows(cells, 1)[0][2:]
+    return spark_rows(cells, 1)[0]
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One GPU's reading."""
+
+    index: int | None
+    name: str
+    util: Num
+    util_mem: Num
+    used: Num
+    total: Num
+    proc: Num
+    power: Num
+    power_limit: Num
+    temp: Num
+    clock: Num
+    clock_max: Num
+    throttled: tuple[str, ...]
+    pcie_tx: Num
+    pcie_rx: Num
+
+    @classmethod
+    def from_dict(cls, g: dict[str, Any]) -> GpuRow:
+        index = g.get("index")
+        throttled = g.get("throttled")
+        return cls(
+            index=index if isinstance(index, int) else None,
+            name=str(g.get("name") or "GPU"),
+            util=number(g.get("util_gpu")), util_mem=number(g.get("util_mem")),
+            used=number(g.get("mem_used_bytes")), total=number(g.get("total_bytes")),
+            proc=number(g.get("proc_mem_bytes")),
+            power=number(g.get("power_w")), power_limit=number(g.get("power_limit_w")),
+            temp=number(g.get("temp_c")),
+            clock=number(g.get("sm_clock_mhz")), clock_max=number(g.get("sm_clock_max_mhz")),
+            throttled=tuple(str(r) for r in throttled) if isinstance(throttled, list | tuple) else (),
+            pcie_tx=number(g.get("pcie_tx_kbs")), pcie_rx=number(g.get("pcie_rx_kbs")),
+        )
+
+    @property
+    def label(self) -> str:
+        return f"GPU{self.index}" if self.index is not None else "GPU"
+
+    @property
+    def short_name(self) -> str:
+        return self.name.removeprefix("NVIDIA ").strip()
+
+
+@dataclass(frozen=True)
+class CudaMem:
+    """The caching allocator's numbers (this process)."""
+
+    allocated: Num
+    reserved: Num
+    peak_allocated: Num
+    peak_reserved: Num
+    retries: Num
+    ooms: Num
+    fragmentation: Num
+
+    @classmethod
+    def from_dict(cls, m: dict[str, Any]) -> CudaMem:
+        return cls(*(number(m.get(k)) for k in (
+            "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
+            "alloc_retries", "ooms", "fragmentation_bytes",
+        )))
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the panel shows; equal values mean nothing to redraw."""
+
+    gpus: tuple[GpuRow, ...]
+    cuda: CudaMem | None
+    series: tuple[float, ...]
+    span: str
+    no_gpu: str | None  # the reason in words when there is no GPU; None when there are GPUs or no word yet
+
+    @classmethod
+    def from_state(cls, state: RunState, span_index: int = 0) -> DeviceInfo:
+        """Derive the panel from ``state`` (call with the state lock held)."""
+        label, seconds = SPANS[span_index % len(SPANS)]
+        gpus = tuple(GpuRow.from_dict(g) for g in state.gpus)
+        no_gpu = None
+        if not gpus and (state.samples_seen or "gpu_reason" in state.meta or state.meta.get("cuda") is False):
+            no_gpu = str(state.meta.get("gpu_reason") or "none reported")
+        return cls(
+            gpus=gpus,
+            cuda=CudaMem.from_dict(state.cuda_mem) if state.cuda_mem else None,
+            series=tuple(state.series["gpu_util"].values(seconds)) if gpus else (),
+            span=label,
+            no_gpu=no_gpu,
+        )
+
+
+def no_gpu_text(reason: str) -> str:
+    return f"No GPU: {reason} — showing CPU data"
+
+
+class DeviceView:
+    """Rich renderable for :class:`DeviceInfo`."""
+
+    def __init__(self, info: DeviceInfo | None, styles: dict[str, Style]) -> None:
+        self.info = info
+        self.styles = styles
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def mem_bar(self, used: Num, total: Num, cuda: CudaMem | None, width: int) -> Text:
+        """allocated █ | reserved, not allocated ▓ | other use of the device ▒ | free ░, of the total."""
+        st = self.styles
+        line = Text(no_wrap=True)
+        if not total or width <= 0:
+            return line.append("·" * max(0, width), st["free"])
+        parts: list[tuple[str, float]] = []
+        if cuda is not None and cuda.allocated is not None and cuda.reserved is not None:
+            parts += [("alloc", cuda.allocated), ("reserved", max(0.0, cuda.reserved - cuda.allocated))]
+            other = max(0.0, (used or 0.0) - cuda.reserved)
+        else:
+            other = used or 0.0
+        parts.append(("other", other))
+        parts.append(("free", max(0.0, total - sum(v for _, v in parts))))
+        glyph = {"alloc": "█", "reserved": "▓", "other": "▒", "free": "░"}
+        for key, n in stacked_bar(parts, width):
+            line.append(glyph[key] * n, st[key])
+        return line
+
+    def util_line(self, gpu: GpuRow, width: int) -> Text:
+        st, info = self.styles, self.info
+        assert info is not None
+        line = Text("util".ljust(LABEL_W), st["label"], no_wrap=True)
+        line.append(fmt.pct(gpu.util).rjust(4), st["value"]).append("  ")
+        suffix = f"  {info.span}" if info.span == "whole run" else f"  last {info.span}"
+        room = width - line.cell_len - len(suffix)
+        if room >= 8:
+            if info.series:
+                line.append(spark(info.series, room, 0.0, 100.0), st["chart"])
+            else:
+                line.append("·" * room, st["free"])
+            line.append(suffix, st["span"])
+        return line
+
+    def throttle_text(self, gpu: GpuRow, short: bool = False) -> Text:
+        if not gpu.throttled:
+            return Text("")
+        reasons = ", ".join(gpu.throttled)
+        return Text(f"⚠ {reasons}" if short else f"⚠ throttled: {reasons}", self.styles["warn"])
+
+    def cuda_line(self, cuda: CudaMem, line: Text | None = None) -> Text:
+        st = self.styles
+        line = line if line is not None else Text("peak".ljust(LABEL_W), st["label"], no_wrap=True)
+        pieces = [
+            ("alloc ", fmt.nbytes(cuda.peak_allocated)), ("reserved ", fmt.nbytes(cuda.peak_reserved)),
+            ("frag ", fmt.nbytes(cuda.fragmentation)),
+            ("retries ", fmt.num(cuda.retries)), ("OOMs ", fmt.num(cuda.ooms)),
+        ]
+        for i, (label, value) in enumerate(pieces):
+            bad = label in ("retries ", "OOMs ") and value not in ("0", fmt.NA)
+            line.append(" · " if i else "", st["label"]).append(label, st["label"])
+            line.append(value, st["bad"] if bad else st["value"])
+        return line
+
+    def single(self, gpu: GpuRow, cuda: CudaMem | None, width: int) -> list[Text]:
+        st = self.styles
+        head = Text(no_wrap=True, overflow="ellipsis")
+        head.append(f"{gpu.label} ", st["label"]).append(gpu.name, st["name"])
+        throttle = self.throttle_text(gpu)
+        if throttle.cell_len and head.cell_len + 2 + throttle.cell_len <= width:
+            head.append(" " * (width - head.cell_len - throttle.cell_len)).append_text(throttle)
+        elif throttle.cell_len:
+            head = Text(no_wrap=True, overflow="ellipsis").append(f"{gpu.label} ", st["label"]).append_text(throttle)
+        lines = [head, self.util_line(gpu, width)]
+        total = f" {fmt.gib(gpu.used)}/{fmt.gib(gpu.total)} GiB"
+        mem = Text("mem".ljust(LABEL_W), st["label"], no_wrap=True)
+        mem.append_text(self.mem_bar(gpu.used, gpu.total, cuda, max(0, width - LABEL_W - len(total))))
+        lines.append(mem.append(total, st["value"]))
+        legend = Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
+        if cuda is not None:
+            legend.append("█ ", st["alloc"]).append("allocated ", st["label"]).append(fmt.nbytes(cuda.allocated), st["value"])
+            legend.append("  ▓ ", st["reserved"]).append("reserved ", st["label"]).append(fmt.nbytes(cuda.reserved), st["value"])
+        else:
+            legend.append("▒ ", st["other"]).append("used ", st["label"]).append(fmt.nbytes(gpu.used), st["value"])
+        if gpu.proc is not None:
+            legend.append("  · this process ", st["label"]).append(fmt.nbytes(gpu.proc), st["value"])
+        lines.append(legend)
+        power = Text("power".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
+        power.append(f"{fmt.num(gpu.power)}/{fmt.num(gpu.power_limit)} W", st["value"])
+        power.append(" · temp ", st["label"]).append(fmt.num(gpu.temp, "°C"), st["value"])
+        power.append(" · SM ", st["label"]).append(f"{fmt.num(gpu.clock)}/{fmt.num(gpu.clock_max)} MHz", st["value"])
+        power.append(" · mem io ", st["label"]).append(fmt.pct(gpu.util_mem), st["value"])
+        power.append(" · PCIe ", st["label"])
+        power.append(f"↓{pcie(gpu.pcie_rx)} ↑{pcie(gpu.pcie_tx)}", st["value"])
+        lines.append(power)
+        if cuda is not None:
+            lines.append(self.cuda_line(cuda))
+        return lines
+
+    def several(self, gpus: tuple[GpuRow, ...], cuda: CudaMem | None, width: int) -> list[Text]:
+        st = self.styles
+        name_w = max(4, min(18, max(len(g.short_name) for g in gpus)))
+        lines = [self.util_line(gpus[0], width)]
+        lines[0] = Text(f"{gpus[0].label} ", st["label"], no_wrap=True).append_text(lines[0])
+        head = Text(no_wrap=True, overflow="ellipsis")
+        head.append(f"{'#':<2} {'name':<{name_w}} {'util':>4}  {'memory GiB':<24}  {'power W':>9} {'temp':>5} {'SM MHz':>6}",
+                    st["heading"])
+        lines.append(head)
+        for g in gpus:
+            row = Text(no_wrap=True, overflow="ellipsis")
+            row.append(f"{g.index if g.index is not None else '?':<2} ", st["label"])
+            row.append(f"{g.short_name[:name_w]:<{name_w}} ", st["name"])
+            row.append(fmt.pct(g.util).rjust(4), st["value"]).append("  ")
+            row.append_text(self.mem_bar(g.used, g.total, cuda if g is gpus[0] else None, 10))
+            row.append(f" {fmt.gib(g.used)}/{fmt.gib(g.total)}".ljust(14), st["value"])
+            row.append(f"{fmt.num(g.power)}/{fmt.num(g.power_limit)}".rjust(9), st["value"])
+            row.append(fmt.num(g.temp, "°C").rjust(6), st["value"])
+            row.append(fmt.num(g.clock).rjust(7), st["value"])
+            throttle = self.throttle_text(g, short=True)
+            if throttle.cell_len:
+                row.append("  ").append_text(throttle)
+            lines.append(row)
+        if cuda is not None:
+            line = Text("allocator ", st["label"], no_wrap=True, overflow="ellipsis")
+            line.append(fmt.nbytes(cuda.allocated), st["value"]).append(" allocated · ", st["label"])
+            line.append(fmt.nbytes(cuda.reserved), st["value"]).append(" reserved · peak ", st["label"])
+            lines.append(self.cuda_line(cuda, line))
+        return lines
+
+    def lines(self, width: int) -> list[Text]:
+        st, info = self.styles, self.info
+        if info is None or (not info.gpus and info.no_gpu is None):
+            return [Text("waiting for device telemetry…", st["label"])]
+        if not info.gpus:
+            assert info.no_gpu is not None
+            return [Text(no_gpu_text(info.no_gpu), st["warn"], no_wrap=True, overflow="ellipsis")]
+        if len(info.gpus) == 1:
+            return self.single(info.gpus[0], info.cuda, width)
+        return self.several(info.gpus, info.cuda, width)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        for line in self.lines(width):
+            line.truncate(width, overflow="ellipsis")
+            yield from line.render(console)
+            yield Segment.line()
+
+
+def pcie(kbs: Num) -> str:
+    """NVML PCIe throughput (KB/s) as MB/s or GB/s."""
+    if kbs is None:
+        return fmt.NA
+    mbs = kbs / 1000.0
+    return f"{mbs / 1000.0:.1f} GB/s" if mbs >= 1000 else f"{mbs:.0f} MB/s"
+
+
+class DevicePanel(Widget):
+    """GPU telemetry; ``info`` is its state."""
+
+    COMPONENT_CLASSES = {
+        "device--label", "device--value", "device--name", "device--heading", "device--chart", "device--span",
+        "device--alloc", "device--reserved", "device--other", "device--free", "device--warn", "device--bad",
+    }
+
+    info: reactive[DeviceInfo | None] = reactive(None)
+
+    def _view(self) -> DeviceView:
+        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        return DeviceView(self.info, styles)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._view().lines(width))
+
+    def render(self) -> DeviceView:
+        return self._view()

@@ -1,0 +1,132 @@
+"""Host panel: the trainer's CPU and RSS, its DataLoader workers, the system's CPU and memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from perfmon.state import RunState
+from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.device import LABEL_W, Num, number, spark
+from perfmon.tui.widgets.phases import SPANS, stacked_bar
+
+KEYS = (
+    "cpu_percent", "rss_bytes", "threads", "workers", "workers_cpu_percent", "workers_rss_bytes",
+    "system_cpu_percent", "cpu_count", "mem_used_bytes", "mem_total_bytes", "mem_available_bytes",
+    "swap_used_bytes", "load1", "io_read_bps",
+)
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """What the panel shows; equal values mean nothing to redraw."""
+
+    values: tuple[Num, ...]  # in KEYS order
+    series: tuple[float, ...]
+    span: str
+    peak_rss: Num
+
+    @classmethod
+    def from_state(cls, state: RunState, span_index: int = 0) -> HostInfo | None:
+        """Derive the panel from ``state`` (call with the state lock held); None before the first sample."""
+        if not state.host:
+            return None
+        label, seconds = SPANS[span_index % len(SPANS)]
+        return cls(
+            values=tuple(number(state.host.get(k)) for k in KEYS),
+            series=tuple(state.series["cpu"].values(seconds)),
+            span=label,
+            peak_rss=number(state.peaks.get("rss_bytes")),
+        )
+
+    def get(self, key: str) -> Num:
+        return self.values[KEYS.index(key)]
+
+
+class HostView:
+    """Rich renderable for :class:`HostInfo`."""
+
+    def __init__(self, info: HostInfo | None, styles: dict[str, Style]) -> None:
+        self.info = info
+        self.styles = styles
+
+    def lines(self, width: int) -> list[Text]:
+        st, info = self.styles, self.info
+        if info is None:
+            return [Text("waiting for host telemetry…", st["label"])]
+        g = info.get
+        cpus = g("cpu_count")
+        cpu = Text("CPU".ljust(LABEL_W), st["label"], no_wrap=True)
+        cpu.append("trainer ", st["label"]).append(fmt.pct(g("cpu_percent")).rjust(4), st["value"]).append("  ")
+        suffix = f"  {info.span}" if info.span == "whole run" else f"  last {info.span}"
+        room = width - cpu.cell_len - len(suffix)
+        if room >= 8:
+            hi = max(100.0, *(info.series or (0.0,)))  # a process may use several cores: > 100%
+            cpu.append(spark(info.series, room, 0.0, hi) if info.series else "·" * room, st["chart"])
+            cpu.append(suffix, st["span"])
+        system = Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
+        system.append("system ", st["label"]).append(fmt.pct(g("system_cpu_percent")), st["value"])
+        system.append(f" of {fmt.num(cpus)} CPUs · load ", st["label"]).append(fmt.num(g("load1"), digits=2), st["value"])
+        system.append(" · threads ", st["label"]).append(fmt.num(g("threads")), st["value"])
+        system.append(" · read ", st["label"]).append(rate_bytes(g("io_read_bps")), st["value"])
+        rss = Text("RSS".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
+        rss.append("trainer ", st["label"]).append(fmt.nbytes(g("rss_bytes")), st["value"])
+        rss.append(" (peak ", st["label"]).append(fmt.nbytes(info.peak_rss), st["value"]).append(")", st["label"])
+        workers = g("workers")
+        if workers:
+            rss.append(f" · {workers:.0f} workers ", st["label"]).append(fmt.nbytes(g("workers_rss_bytes")), st["value"])
+            rss.append(", CPU ", st["label"]).append(fmt.pct(g("workers_cpu_percent")), st["value"])
+        elif workers == 0:
+            rss.append(" · no DataLoader workers", st["label"])
+        used, total, avail = g("mem_used_bytes"), g("mem_total_bytes"), g("mem_available_bytes")
+        ram = Text("RAM".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
+        tail = Text(no_wrap=True)
+        tail.append(f" {fmt.gib(used)}/{fmt.gib(total)} GiB", st["value"])
+        tail.append(" · avail ", st["label"]).append(fmt.nbytes(avail), st["value"])
+        tail.append(" · swap ", st["label"]).append(fmt.nbytes(g("swap_used_bytes")), st["value"])
+        bar_w = max(0, min(24, width - LABEL_W - tail.cell_len))
+        if total and used is not None and bar_w >= 6:
+            trainer = min(used, (g("rss_bytes") or 0) + (g("workers_rss_bytes") or 0))
+            parts = [("trainer", trainer), ("used", max(0.0, used - trainer)), ("free", max(0.0, total - used))]
+            for key, n in stacked_bar(parts, bar_w):
+                ram.append({"trainer": "█", "used": "▒", "free": "░"}[key] * n, st[key])
+        ram.append_text(tail)
+        return [cpu, system, rss, ram]
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        for line in self.lines(width):
+            line.truncate(width, overflow="ellipsis")
+            yield from line.render(console)
+            yield Segment.line()
+
+
+def rate_bytes(bps: Num) -> str:
+    return fmt.NA if bps is None else f"{fmt.nbytes(bps)}/s"
+
+
+class HostPanel(Widget):
+    """Host telemetry; ``info`` is its state."""
+
+    COMPONENT_CLASSES = {
+        "host--label", "host--value", "host--chart", "host--span", "host--trainer", "host--used", "host--free",
+    }
+
+    info: reactive[HostInfo | None] = reactive(None)
+
+    def _view(self) -> HostView:
+        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        return HostView(self.info, styles)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._view().lines(width))
+
+    def render(self) -> HostView:
+        return self._view()

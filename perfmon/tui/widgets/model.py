@@ -1,0 +1,229 @@
+"""Model panel: parameters, static memory, the memory budget (largest batch that fits), FLOPs and MFU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from perfmon.state import RunState
+from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.device import Num, number
+from perfmon.tui.widgets.phases import stacked_bar
+
+LABEL_W = 9
+BUDGET_KEYS = ("static_bytes", "peak_bytes", "activation_bytes", "per_sample_bytes", "batch", "max_batch",
+               "capacity_bytes", "margin")
+FLOP_KEYS = ("flops_per_step", "achieved_flops", "peak_tflops", "mfu")
+
+
+def _opt(flags: Any, name: str) -> str:
+    for f in flags if isinstance(flags, list) else ():
+        if isinstance(f, dict) and f.get("name") == name:
+            mode = "fused" if f.get("fused") else "foreach" if f.get("foreach") else None
+            tensors = f.get("param_tensors")
+            extra = ", ".join(x for x in (mode, f"{tensors} tensors" if tensors else None) if x)
+            return f"{name} ({extra})" if extra else name
+    return name
+
+
+def _loader(loader: Any) -> str:
+    if not isinstance(loader, dict):
+        return ""
+    bits = [f"batch {loader['batch_size']}" if loader.get("batch_size") else None,
+            f"{loader.get('num_workers', 0)} workers",
+            "pin_memory" if loader.get("pin_memory") else "no pin_memory",
+            "persistent" if loader.get("persistent_workers") else None,
+            f"prefetch {loader['prefetch_factor']}" if loader.get("prefetch_factor") else None,
+            str(loader["dataset"]) if loader.get("dataset") else None]
+    return ", ".join(b for b in bits if b)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the panel shows; equal values mean nothing to redraw."""
+
+    params: tuple[Num, Num, Num]  # total, trainable, frozen
+    by_dtype: tuple[tuple[str, int], ...]
+    static: tuple[Num, Num, Num, Num]  # params, grads, optimizer, total bytes
+    roots: tuple[str, ...]
+    optimizers: tuple[str, ...]
+    loader: str
+    budget: tuple[Num, ...]  # in BUDGET_KEYS order
+    budget_reason: str | None
+    flops: tuple[Num, ...]  # in FLOP_KEYS order
+    peak_source: str | None
+    flops_reason: str | None
+    has_model: bool
+
+    @classmethod
+    def from_state(cls, state: RunState) -> ModelInfo:
+        """Derive the panel from ``state`` (call with the state lock held)."""
+        m = state.model or {}
+        budget = state.memory_budget()
+        flops = state.flops()
+        dtypes = m.get("by_dtype") if isinstance(m.get("by_dtype"), dict) else {}
+        loaders = m.get("loaders") if isinstance(m.get("loaders"), list) else []
+        return cls(
+            params=(number(m.get("params")), number(m.get("trainable")), number(m.get("frozen"))),
+            by_dtype=tuple(sorted(((str(k), int(v)) for k, v in dtypes.items() if isinstance(v, int | float)),
+                                  key=lambda kv: -kv[1])),
+            static=tuple(number(m.get(k)) for k in ("param_bytes", "grad_bytes", "optimizer_bytes", "static_bytes")),  # type: ignore[arg-type]
+            roots=tuple(str(r) for r in m.get("roots") or ()),
+            optimizers=tuple(_opt(m.get("optimizer_flags"), str(o)) for o in m.get("optimizers") or ()),
+            loader=_loader(loaders[-1]) if loaders else "",
+            budget=tuple(number(budget.get(k)) for k in BUDGET_KEYS),
+            budget_reason=budget.get("reason"),
+            flops=tuple(number(flops.get(k)) for k in FLOP_KEYS),
+            peak_source=flops.get("peak_source"),
+            flops_reason=flops.get("reason"),
+            has_model="params" in m,
+        )
+
+    def b(self, key: str) -> Num:
+        return self.budget[BUDGET_KEYS.index(key)]
+
+    def f(self, key: str) -> Num:
+        return self.flops[FLOP_KEYS.index(key)]
+
+
+class ModelView:
+    """Rich renderable for :class:`ModelInfo`."""
+
+    def __init__(self, info: ModelInfo | None, styles: dict[str, Style]) -> None:
+        self.info = info
+        self.styles = styles
+
+    def row(self, label: str) -> Text:
+        return Text(label.ljust(LABEL_W), self.styles["label"], no_wrap=True, overflow="ellipsis")
+
+    def pairs(self, line: Text, items: list[tuple[str, str]]) -> Text:
+        st = self.styles
+        for i, (label, value) in enumerate(items):
+            if i:
+                line.append(" · ", st["label"])
+            if label:
+                line.append(f"{label} ", st["label"])
+            line.append(value, st["value"])
+        return line
+
+    def budget_lines(self, width: int) -> list[Text]:
+        st, info = self.styles, self.info
+        assert info is not None
+        b = info.b
+        line = self.row("budget")
+        if b("peak_bytes") is not None or b("per_sample_bytes") is not None:
+            items = [("peak", fmt.nbytes(b("peak_bytes"))), ("activations", fmt.nbytes(b("activation_bytes")))]
+            if b("per_sample_bytes") is not None:
+                items.append(("", f"{fmt.nbytes(b('per_sample_bytes'))}/sample"))
+            self.pairs(line, items)
+            if b("batch") is not None:
+                line.append(" · batch ", st["label"]).append(fmt.num(b("batch")), st["value"])
+                if b("max_batch") is not None:
+                    line.append(" → fits ≈", st["label"]).append(fmt.num(b("max_batch")), st["good"])
+            if b("margin") is not None:
+                margin = b("margin") or 0.0
+                line.append(" · margin ", st["label"]).append(fmt.share(margin), st["bad"] if margin < 0.1 else st["value"])
+        lines = [line]
+        if info.budget_reason:
+            why = self.row("" if b("peak_bytes") is not None else "budget")
+            if b("peak_bytes") is None:
+                lines = []
+            lines.append(why.append(f"n/a: {info.budget_reason}" if b("peak_bytes") is None else info.budget_reason,
+                                    st["muted"]))
+        capacity, static, peak = b("capacity_bytes"), b("static_bytes"), b("peak_bytes")
+        bar_w = width - LABEL_W
+        if capacity and static is not None and peak is not None and bar_w >= 10:
+            bar = self.row("")
+            parts = [("static", min(static, capacity)), ("activation", max(0.0, min(peak, capacity) - static)),
+                     ("free", max(0.0, capacity - max(peak, static)))]
+            for key, n in stacked_bar(parts, bar_w - 22):
+                bar.append({"static": "█", "activation": "▓", "free": "░"}[key] * n, st[key])
+            bar.append(" █", st["static"]).append(" static ", st["label"]).append("▓", st["activation"])
+            bar.append(" activations", st["label"])
+            lines.append(bar)
+        return lines
+
+    def flops_line(self) -> Text:
+        st, info = self.styles, self.info
+        assert info is not None
+        f = info.f
+        line = self.row("FLOPs")
+        per_step = f("flops_per_step")
+        if per_step is None:
+            return line.append(f"n/a: {info.flops_reason or 'not counted yet'}", st["muted"])
+        line.append(f"{fmt.si(per_step)}/step", st["value"])
+        achieved = f("achieved_flops")
+        line.append(" · achieved ", st["label"]).append(f"{fmt.si(achieved)}FLOP/s" if achieved else fmt.NA, st["value"])
+        if f("peak_tflops"):
+            line.append(" · peak ", st["label"]).append(f"{fmt.si((f('peak_tflops') or 0) * 1e12)}FLOP/s", st["value"])
+            if info.peak_source:
+                line.append(f" ({info.peak_source})", st["label"])
+        mfu = f("mfu")
+        line.append(" · MFU ", st["label"])
+        if mfu is not None:
+            line.append(fmt.share(mfu), st["good"])
+        else:
+            line.append(f"n/a: {info.flops_reason}", st["muted"])
+        return line
+
+    def lines(self, width: int) -> list[Text]:
+        st, info = self.styles, self.info
+        if info is None or not info.has_model:
+            lines = [Text("waiting for model facts (they come after the first forward pass)", st["muted"])]
+            if info is not None and info.f("flops_per_step") is not None:
+                lines.append(self.flops_line())
+            return lines
+        total, trainable, frozen = info.params
+        params = self.pairs(self.row("params"), [
+            ("", fmt.si(total)), ("trainable", fmt.si(trainable)), ("frozen", fmt.si(frozen)),
+            *((dtype, fmt.si(n)) for dtype, n in info.by_dtype),
+        ])
+        parts = [("", ", ".join(info.roots) or fmt.NA)]
+        if info.optimizers:
+            parts.append(("optimizer", ", ".join(info.optimizers)))
+        modules = self.pairs(self.row("model"), parts)
+        p, g, o, s = info.static
+        static = self.row("static")
+        static.append(fmt.nbytes(s), st["value"]).append(" = params ", st["label"]).append(fmt.nbytes(p), st["value"])
+        static.append(" + grads ", st["label"]).append(fmt.nbytes(g), st["value"])
+        static.append(" + optimizer ", st["label"]).append(fmt.nbytes(o), st["value"])
+        lines = [params, modules, static, *self.budget_lines(width), self.flops_line()]
+        if info.loader:
+            lines.append(self.row("loader").append(info.loader, st["value"]))
+        return lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        for line in self.lines(width):
+            line.truncate(width, overflow="ellipsis")
+            yield from line.render(console)
+            yield Segment.line()
+
+
+class ModelPanel(Widget):
+    """Model facts; ``info`` is its state."""
+
+    COMPONENT_CLASSES = {
+        "model--label", "model--value", "model--muted", "model--good", "model--bad",
+        "model--static", "model--activation", "model--free",
+    }
+
+    info: reactive[ModelInfo | None] = reactive(None)
+
+    def _view(self) -> ModelView:
+        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        return ModelView(self.info, styles)
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._view().lines(width))
+
+    def render(self) -> ModelView:
+        return self._view()
