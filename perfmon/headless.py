@@ -79,6 +79,7 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
     state = RunState()
     engine = Engine(rules)
     next_rules = time.monotonic() + 1.0
+    warned = 0
     lock = threading.Lock()
     tail = LogTail(proc.run_dir / "output.log", sys.stdout.buffer)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -97,6 +98,10 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             if time.monotonic() >= next_rules:
                 with lock:
                     new = engine.update(state)
+                    warnings = state.warnings[warned:]
+                    warned = len(state.warnings)
+                for text in warnings:
+                    print(f"[perfmon] warning: {text}", file=err, flush=True)
                 for finding in new:
                     print(f"[perfmon] finding{format_finding(finding.to_json())[1:]}", file=err, flush=True)
                 next_rules += 1.0

@@ -364,7 +364,8 @@ class RunState:
         elif kind == "command_result":
             self.command_results.append({k: v for k, v in msg.items() if k not in ("v", "type")})
         elif kind == "warning" and isinstance(msg.get("message"), str):
-            self.warnings = [*self.warnings[-19:], msg["message"]]
+            self.warnings.append(msg["message"])
+            del self.warnings[:-50]
 
     def process_exited(self, returncode: int, t: float | None = None) -> None:
         """The launcher saw the process end: fill in what the agent could not say (signals)."""

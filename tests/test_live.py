@@ -130,3 +130,19 @@ def test_replay_source_skips_garbage_and_partial_last_line(tmp_path):
     msgs = list(source.messages())
     assert [m["type"] for m in msgs] == ["hello", "steps"]
     assert source.skipped == 1
+
+
+def test_a_large_backlog_goes_out_in_bounded_lines(agent):
+    from perfmon.agent.steps import BEGIN, END, OPTIMIZER_CREATED
+
+    agent.emit(OPTIMIZER_CREATED)
+    for _ in range(25_000):  # a publisher that fell behind: one flush sees 25k steps
+        agent.emit(BEGIN, "optimizer")
+        agent.emit(END, "optimizer")
+    agent.finish({"code": 0})
+    lines = (agent.run_dir / "events.jsonl").read_bytes().splitlines()
+    assert max(len(line) for line in lines) < protocol.MAX_LINE // 10
+    state = RunState()
+    for msg in ReplaySource(agent.run_dir).messages():
+        state.apply(msg)
+    assert state.steps == 25_000

@@ -27,6 +27,8 @@ from perfmon.state import RunState
 
 #: Raw events kept if the publisher falls behind (oldest dropped beyond this).
 EVENT_BUFFER = 500_000
+#: Rows per ``steps`` message: keeps every line far below protocol.MAX_LINE.
+STEPS_PER_MESSAGE = 2000
 
 
 class Agent:
@@ -40,6 +42,7 @@ class Agent:
         self.cuda_marks = False
         self.enabled = True
         self.errors: dict[str, int] = {}
+        self._unreported: list[str] = []
         self.error_messages: list[str] = []
         self.tracker = StepTracker()
         self.cuda = CudaResolver()
@@ -107,7 +110,11 @@ class Agent:
             self.sampler.stop()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
-        self._flush(final=True)
+        try:
+            self._flush(final=True)
+        except Exception as exc:  # noqa: BLE001 - still record the exit
+            self.record_error("publisher", exc)
+        self._publish_errors()
         self.publish(protocol.message("event", kind="exit", t=time.time(), **exit_info, agent_errors=self.errors))
         self.write_summary()
         if self.server is not None:
@@ -168,9 +175,18 @@ class Agent:
 
     def record_error(self, where: str, exc: BaseException) -> None:
         """Count an internal error; keep the first few messages. Never raises."""
+        first = where not in self.errors
         self.errors[where] = self.errors.get(where, 0) + 1
         if len(self.error_messages) < 20:
             self.error_messages.append(f"{where}: {type(exc).__name__}: {exc}")
+        if first:  # said once per kind, by the publisher thread (never from inside publish's lock)
+            self._unreported.append(f"agent internal error in {where}: {type(exc).__name__}: {exc} "
+                                    "(counted; training continues)")
+
+    def _publish_errors(self) -> None:
+        while self._unreported:
+            text = self._unreported.pop(0)
+            self.publish(protocol.message("event", kind="warning", message=text, t=time.time()))
 
     # -- publisher thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -180,6 +196,10 @@ class Agent:
                 self._flush()
             except Exception as exc:  # noqa: BLE001 - the publisher must survive anything
                 self.record_error("publisher", exc)
+            try:
+                self._publish_errors()
+            except Exception:  # noqa: BLE001
+                pass
 
     def _poll_cuda(self) -> None:
         if self._cuda_event is not None or self.instrumentation is None:
@@ -210,8 +230,9 @@ class Agent:
             if last is not None:
                 records.append(last)
         ready = self.cuda.resolve(records, final=final)
-        if ready:
-            self._publish_steps(ready)
+        # bounded lines: a backlog (a slow tick, 10k steps/s) goes out as several messages
+        for i in range(0, len(ready), STEPS_PER_MESSAGE):
+            self._publish_steps(ready[i : i + STEPS_PER_MESSAGE])
 
     def _publish_steps(self, records: list[tuple[StepRecord, dict[str, float] | None]]) -> None:
         off = self._clock_offset

@@ -91,6 +91,9 @@ class StepTracker:
             self.explicit = True
             if first and self.count and not any(self._acc.values()):
                 return None  # an automatic boundary already closed this step just now
+            if self._start is None:  # step() with no phase before it: this call starts the clock
+                self._start, self._start_mark = t, mark
+                return None
             return self._close(t, mark)
         if code == OPTIMIZER_CREATED:
             self.has_optimizer = True

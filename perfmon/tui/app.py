@@ -3,7 +3,13 @@
 Three thread workers feed it: the source pump (folds messages into the state under a lock and
 posts :class:`StateChanged` at most every ``COALESCE_S``), the process waiter and the output
 tail. Widgets are redrawn only when what they show changed: on those messages, on a 2 Hz check for
-data that arrived after the pump's last post, and on a 1 Hz tick (elapsed time).
+data that arrived after the pump's last post, and on a 1 Hz tick (elapsed time, the rules engine,
+the age of the profiler window).
+
+Layout: the header (four lines: command, rates and the worst finding, run details, vital signs),
+a view bar, one view at a time (number keys: overview, device, model, ops, findings, output), the
+key footer. Which panels a view shows is CSS (``#body.-<view>``), with the screen's size classes
+(``-wide``/``-narrow``, ``-tall``/``-short``) deciding what else fits in the overview.
 """
 
 from __future__ import annotations
@@ -18,14 +24,22 @@ from typing import TYPE_CHECKING, Protocol
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Footer
 
+from perfmon.rules import Config, Engine, evaluate_once
 from perfmon.state import RunState
+from perfmon.tui.widgets.device import DeviceInfo, DevicePanel
 from perfmon.tui.widgets.dialogs import DETACH, STOP, HelpScreen, QuitScreen
+from perfmon.tui.widgets.findings import FindingsInfo, FindingsPanel, FindingsSummary
 from perfmon.tui.widgets.header import HeaderInfo, RunHeader
+from perfmon.tui.widgets.host import HostInfo, HostPanel
 from perfmon.tui.widgets.logpanel import MAX_LINES, LogPanel, OutputTail, last_frame
+from perfmon.tui.widgets.model import ModelInfo, ModelPanel
+from perfmon.tui.widgets.ops import SORTS, OpsInfo, OpsPanel
 from perfmon.tui.widgets.phases import SPANS, PhaseInfo, PhasesPanel
+from perfmon.tui.widgets.views import VIEW_IDS, VIEWS, ViewBar, ViewBarInfo
 
 if TYPE_CHECKING:
     from perfmon.sources import Source
@@ -35,17 +49,33 @@ TICK_S = 1.0
 LOG_POLL_S = 0.25
 
 QUIT, DETACHED, STOPPED = "quit", "detached", "stopped"
+NOT_CONNECTED = "not connected: replay/finished run"
 
+VIEW_GROUP = Binding.Group("view", compact=True)
+#: Commands to the agent: key -> (command name, footer label, help line).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "p": ("profile", "Profile", "profile: capture a profiler window at the next step (ops view)"),
+    "c": ("empty_cache", "Free cache", "empty the CUDA caching allocator's cache"),
+    "f": ("count_flops", "FLOPs", "count one step's FLOPs (for MFU, model view)"),
+    "m": ("memory_snapshot", "Mem snapshot", "save a CUDA memory snapshot (pytorch.org/memory_viz)"),
+    "e": ("export", "Export", "export the last profiler window's top ops to a file"),
+}
 #: The dashboard's keys. To add one: a Binding here (the tooltip is its help line) and an ``action_*``.
 KEYS: list[Binding] = [
     Binding("q", "request_quit", "Quit", tooltip="quit (asks first if the job runs)"),
     Binding("ctrl+c", "request_quit", "Quit", show=False, priority=True, tooltip="same as q"),
     Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True, tooltip="same as q"),
     Binding("d", "detach", "Detach", tooltip="detach: exit and leave the job running"),
+    *(Binding(str(i), f"view('{view}')", label, group=VIEW_GROUP, tooltip=f"views: {label}")
+      for i, (view, label) in enumerate(VIEWS, 1)),
+    *(Binding(key, f"command('{name}')", label, show=key == "p", tooltip=text)
+      for key, (name, label, text) in COMMANDS.items()),
+    Binding("s", "cycle_sort", "Sort", tooltip="ops view: sort by " + ", ".join(s for s, _ in SORTS)),
     Binding("t", "cycle_span", "Span", tooltip="chart span: " + ", ".join(s for s, _ in SPANS)),
     Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
 ]
-SCROLL_HELP = ("↑ ↓ PgUp PgDn Home End", "scroll the output")
+SCROLL_HELP = ("↑ ↓ PgUp PgDn Home End", "scroll the output; in findings: move")
+ENTER_HELP = ("Enter", "findings view: open or close a finding (evidence and fix)")
 
 
 class TrainingProcessLike(Protocol):
@@ -92,6 +122,8 @@ class PerfmonApp(App[None]):
     TITLE = "perfmon"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = KEYS
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
 
     def __init__(
         self,
@@ -99,6 +131,7 @@ class PerfmonApp(App[None]):
         source: Source | None,
         run_dir: Path | None,
         process: TrainingProcessLike | None = None,
+        rules: Config | None = None,
     ) -> None:
         super().__init__()
         self.state = state
@@ -116,6 +149,11 @@ class PerfmonApp(App[None]):
         self._outcome: str | None = None
         self._bg_stop = threading.Event()
         self._job_over = threading.Event()
+        self.engine = Engine(rules)
+        self.findings: FindingsInfo | None = None
+        self.view = "overview"
+        self.commands_sent: list[dict[str, object]] = []  # what the command keys sent (diagnostics and tests)
+        self._last_result: dict[str, object] | None = None
         if process is not None:
             self.mode = "launched"
         else:
@@ -137,13 +175,25 @@ class PerfmonApp(App[None]):
     # -- layout -----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield RunHeader(id="header")
-        yield PhasesPanel(id="phases")
-        yield LogPanel(id="log")
+        yield ViewBar(id="views")
+        with Vertical(id="body", classes="-overview"):
+            yield PhasesPanel(id="phases")
+            with Horizontal(id="resources"):
+                yield DevicePanel(id="device")
+                yield HostPanel(id="host")
+            yield ModelPanel(id="model")
+            yield OpsPanel(id="ops")
+            yield FindingsSummary(id="summary")
+            yield FindingsPanel(id="findings")
+            yield LogPanel(id="log")
         yield Footer()
 
     def on_mount(self) -> None:
-        phases = self.query_one("#phases", PhasesPanel)
-        phases.border_title = "step phases"
+        for panel, title in (("#phases", "step phases"), ("#device", "device"), ("#host", "host"),
+                             ("#model", "model"), ("#ops", "top ops"), ("#summary", "findings"),
+                             ("#findings", "findings")):
+            self.query_one(panel).border_title = title
+        self.query_one("#findings", FindingsPanel).border_subtitle = "↑↓ move · Enter opens"
         self.query_one(LogPanel).log_widget.focus()
         self.refresh_data()
         self.set_interval(TICK_S, self._tick)
@@ -162,17 +212,32 @@ class PerfmonApp(App[None]):
     def refresh_data(self) -> None:
         """Rebuild what the widgets show from the state; unchanged widgets are not redrawn."""
         phases = self.query_one("#phases", PhasesPanel)
+        ops = self.query_one("#ops", OpsPanel)
         log = self.query_one(LogPanel)
+        span = phases.span_index
         with self.lock:
             self._dirty = False
             header = self._header_info()
-            info = PhaseInfo.from_state(self.state, phases.span_index)
+            info = PhaseInfo.from_state(self.state, span)
+            device = DeviceInfo.from_state(self.state, span)
+            host = HostInfo.from_state(self.state, span)
+            model = ModelInfo.from_state(self.state)
+            ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.clock())
+            capturing = self.state.profiling is not None
+            results = self._new_results()
             exit_ = self.state.exit
             exception = exit_.exception if exit_ else None
             where = last_frame(exit_.traceback) if exit_ else None
         self.query_one(RunHeader).info = header
         phases.info = info
+        self.query_one("#device", DevicePanel).info = device
+        self.query_one("#host", HostPanel).info = host
+        self.query_one("#model", ModelPanel).info = model
+        ops.info = ops_info
+        self._update_bar(capturing=capturing)
         log.exception, log.where = exception, where
+        for result in results:
+            self._toast(result)
         self.refreshes += 1
         self._last_refresh = time.monotonic()
         if self.job_ended:
@@ -180,7 +245,8 @@ class PerfmonApp(App[None]):
 
     def _header_info(self) -> HeaderInfo:
         info = HeaderInfo.from_state(
-            self.state, self.mode, stream_ended=self.stream_ended and self.process is None, now=self.clock()
+            self.state, self.mode, stream_ended=self.stream_ended and self.process is None, now=self.clock(),
+            findings=self.findings,
         )
         if self.stream_error:
             return replace(info, mode=f"{info.mode} · {self.stream_error}".strip(" ·"))
@@ -192,11 +258,68 @@ class PerfmonApp(App[None]):
             self.refresh_data()
 
     def _tick(self) -> None:
-        """Once a second: the elapsed time of a running job, unless a data refresh just drew it."""
-        if not self._dirty and not self.job_ended and time.monotonic() - self._last_refresh > TICK_S / 2:
+        """Once a second: the rules, the elapsed time of a running job and the profiler window's age."""
+        if not self.stream_ended:
+            self.update_findings()
+        if not self._dirty and time.monotonic() - self._last_refresh > TICK_S / 2:
+            ops = self.query_one("#ops", OpsPanel)
             with self.lock:
-                header = self._header_info()
-            self.query_one(RunHeader).info = header
+                header = self._header_info() if not self.job_ended else None
+                ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.clock())
+            if header is not None:
+                self.query_one(RunHeader).info = header
+            ops.info = ops_info
+
+    def update_findings(self) -> None:
+        """Run the rules: the engine (hysteresis) while the stream goes on, one final evaluation at its end."""
+        cfg = self.engine.cfg
+        with self.lock:
+            if self.stream_ended:
+                active = evaluate_once(self.state, cfg)
+            else:
+                self.engine.update(self.state)
+                active = self.engine.active
+            evaluated = self.state.steps >= cfg.warmup_steps + cfg.min_steps
+        findings = FindingsInfo.from_findings(active, evaluated)
+        if findings == self.findings:
+            return
+        self.findings = findings
+        self.query_one("#findings", FindingsPanel).info = findings
+        self.query_one("#summary", FindingsSummary).info = findings
+        with self.lock:
+            header = self._header_info()
+        self.query_one(RunHeader).info = header
+        self._update_bar()
+
+    def _update_bar(self, capturing: bool | None = None) -> None:
+        bar = self.query_one(ViewBar)
+        findings = self.findings.rows if self.findings else ()
+        bar.info = ViewBarInfo(
+            current=self.view, findings=len(findings), severity=findings[0].severity if findings else "",
+            capturing=bar.info.capturing if capturing is None else capturing,
+            span=self.query_one("#phases", PhasesPanel).span[0],
+        )
+
+    def _new_results(self) -> list[dict[str, object]]:
+        """Command results that came in since the last call (call with the state lock held)."""
+        results = list(self.state.command_results)
+        new = results
+        if self._last_result is not None:
+            for i in range(len(results) - 1, -1, -1):
+                if results[i] is self._last_result:
+                    new = results[i + 1:]
+                    break
+        if results:
+            self._last_result = results[-1]
+        return new
+
+    def _toast(self, result: dict[str, object]) -> None:
+        """One command result as a toast; an error when the command failed."""
+        name = str(result.get("name") or "command")
+        text = str(result.get("message") or result.get("error") or f"{name}: done")
+        ok = result.get("ok") is not False
+        self.notify(text, title=name, severity="information" if ok else "error",
+                    timeout=5.0 if result.get("done") is False else 8.0)
 
     def on_state_changed(self, _: StateChanged) -> None:
         if time.monotonic() - self._last_refresh >= COALESCE_S * 0.8:
@@ -205,6 +328,7 @@ class PerfmonApp(App[None]):
     def on_stream_ended(self, message: StreamEnded) -> None:
         self.stream_ended = True
         self.stream_error = message.error
+        self.update_findings()
         self.refresh_data()
 
     def on_process_exited(self, _: ProcessExited) -> None:
@@ -316,10 +440,60 @@ class PerfmonApp(App[None]):
         self.finish(QUIT if self.job_ended else DETACHED)
 
     def action_cycle_span(self) -> None:
-        """t: next step-time chart span."""
+        """t: next chart span (step time, GPU utilization, CPU)."""
         phases = self.query_one("#phases", PhasesPanel)
         phases.span_index = (phases.span_index + 1) % len(SPANS)
         self.refresh_data()
+
+    def action_view(self, view: str) -> None:
+        """1..6: show a view; focus goes where its keys work."""
+        if view not in VIEW_IDS:
+            return
+        self.view = view
+        body = self.query_one("#body")
+        for other in VIEW_IDS:
+            body.set_class(other == view, f"-{other}")
+        if view in ("overview", "output"):
+            self.query_one(LogPanel).log_widget.focus()
+        elif view == "findings":
+            self.query_one(FindingsPanel).list.focus()
+        else:
+            self.set_focus(None)
+        self.refresh_bindings()
+        self._update_bar()
+
+    def action_cycle_sort(self) -> None:
+        """s (ops view): next sort order of the top ops."""
+        ops = self.query_one("#ops", OpsPanel)
+        ops.sort_index = (ops.sort_index + 1) % len(SORTS)
+        with self.lock:
+            ops.info = OpsInfo.from_state(self.state, ops.sort_index, self.clock())
+
+    def action_command(self, name: str) -> None:
+        """p c f m e: a command to the agent; its results come back as toasts."""
+        cmd: dict[str, object] = {"name": name, "id": len(self.commands_sent) + 1}
+        sent = False
+        if self.source is not None and not self.job_ended:
+            try:
+                sent = self.source.send(cmd)
+            except Exception:  # noqa: BLE001 - a broken socket is "not connected"
+                sent = False
+        if not sent:
+            self.notify(NOT_CONNECTED, title=name, severity="warning")
+            return
+        self.commands_sent.append(cmd)
+        if name == "profile":
+            self.action_view("ops")
+        elif name == "count_flops":
+            self.action_view("model")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Keys of the dashboard do nothing under a dialog; s only sorts in the ops view."""
+        if action in ("view", "command", "cycle_sort", "cycle_span") and len(self.screen_stack) > 1:
+            return False
+        if action == "cycle_sort":
+            return self.view == "ops"
+        return True
 
     def action_help(self) -> None:
         """?: the key list."""
@@ -327,10 +501,15 @@ class PerfmonApp(App[None]):
             self.push_screen(HelpScreen(self.key_help()))
 
     def key_help(self) -> list[tuple[str, str]]:
-        """(keys, description) per action, from :data:`KEYS`, plus scrolling."""
+        """(keys, description) per action (per group for the view keys), from :data:`KEYS`, plus scrolling."""
         seen: dict[str, tuple[list[str], str]] = {}
         for binding in KEYS:
+            if binding.group is VIEW_GROUP:
+                keys, _ = seen.setdefault("views", ([], "views: " + ", ".join(
+                    f"{i} {label}" for i, (_, label) in enumerate(VIEWS, 1))))
+                keys[:] = [f"1–{len(VIEWS)}"]
+                continue
             keys, text = seen.setdefault(binding.action, ([], binding.tooltip or binding.description))
             keys.append(binding.key_display or binding.key)
         rows = [(", ".join(keys), text) for keys, text in seen.values()]
-        return [*rows, SCROLL_HELP]
+        return [*rows, ENTER_HELP, SCROLL_HELP]

@@ -1,10 +1,11 @@
-"""Run header: command line, pid, state, elapsed time, step and rates."""
+"""Run header: command line, pid, state, elapsed time, step and rates, the worst finding and the vital signs."""
 
 from __future__ import annotations
 
 import shlex
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.style import Style
@@ -15,8 +16,60 @@ from textual.widget import Widget
 
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.findings import FindingsInfo, badge
 
 CPU_ONLY = "CPU only — no GPU"
+Pieces = tuple[tuple[str, str], ...]  # (text, style name)
+
+
+def _n(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def vitals(state: RunState) -> Pieces:
+    """The numbers that matter most, for every view: GPU, data share, MFU, CPU and RSS."""
+    out: list[tuple[str, str]] = []
+
+    def sep() -> None:
+        if out:
+            out.append((" │ ", "label"))
+
+    gpus = state.gpus
+    if gpus:
+        utils = [u for u in (_n(g.get("util_gpu")) for g in gpus) if u is not None]
+        used = [u for u in (_n(g.get("mem_used_bytes")) for g in gpus) if u is not None]
+        total = [u for u in (_n(g.get("total_bytes")) for g in gpus) if u is not None]
+        label = "GPU " if len(gpus) == 1 else f"{len(gpus)} GPUs "
+        out += [(label, "label"), (fmt.pct(sum(utils) / len(utils)) if utils else fmt.NA, "value"),
+                (" mem ", "label"),
+                (f"{fmt.gib(sum(used)) if used else fmt.NA}/{fmt.gib(sum(total)) if total else fmt.NA}G", "value")]
+        g0 = gpus[0]
+        if len(gpus) == 1:
+            out += [(" ", "label"), (fmt.num(_n(g0.get("power_w")), "W"), "value"),
+                    (" ", "label"), (fmt.num(_n(g0.get("temp_c")), "°C"), "value")]
+        throttled = sorted({str(r) for g in gpus for r in g.get("throttled") or ()})
+        if throttled:
+            out.append((" ⚠ " + ",".join(throttled), "warn"))
+    elif state.samples_seen or "gpu_reason" in state.meta:
+        out.append(("no GPU", "cpu"))
+    stats = state.phase_stats(recent=True)
+    data = stats.get("data", {}).get("share")
+    if data is not None:
+        sep()
+        out += [("data ", "label"), (fmt.share(data), "warn" if data > 0.10 else "value")]
+    flops = state.flops()
+    if flops.get("mfu") is not None:
+        sep()
+        out += [("MFU ", "label"), (fmt.share(flops["mfu"]), "value")]
+    elif flops.get("achieved_flops"):
+        sep()
+        out += [(f"{fmt.si(flops['achieved_flops'])}FLOP/s", "value")]
+    host = state.host or {}
+    if host:
+        sep()
+        out += [("CPU ", "label"), (fmt.pct(_n(host.get("cpu_percent"))), "value"),
+                (" RSS ", "label"), (fmt.nbytes(_n(host.get("rss_bytes"))), "value")]
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -35,10 +88,14 @@ class HeaderInfo:
     cpu_only: bool
     details: str
     mode: str
+    badge: str = ""
+    badge_kind: str = ""
+    vitals: Pieces = ()
 
     @classmethod
     def from_state(
-        cls, state: RunState, mode: str = "", stream_ended: bool = False, now: float | None = None
+        cls, state: RunState, mode: str = "", stream_ended: bool = False, now: float | None = None,
+        findings: FindingsInfo | None = None,
     ) -> HeaderInfo:
         """Derive the header from ``state`` (call with the state lock held)."""
         meta = state.meta
@@ -61,10 +118,13 @@ class HeaderInfo:
             now = state.last_end  # a finished stream without exit: stop the clock at the last step
         elapsed = state.elapsed(now if now is not None else time.time())
         cuda = meta.get("cuda")
-        if cuda is False:
+        known_gpus = [g for g in meta.get("gpus") or state.gpus if isinstance(g, dict)]
+        cpu_only = cuda is False or (cuda is not True and not known_gpus and "gpu_reason" in meta)
+        if cpu_only:
             device = CPU_ONLY
-        elif cuda:
-            device = str(meta.get("gpu") or "CUDA")
+        elif cuda or known_gpus:
+            name = str(meta.get("gpu") or (known_gpus[0].get("name") if known_gpus else None) or "CUDA")
+            device = f"{len(known_gpus)}× {name}" if len(known_gpus) > 1 else name
         else:
             device = ""
         details = " · ".join(
@@ -82,14 +142,17 @@ class HeaderInfo:
             steps_s=fmt.rate(state.steps_per_s()),
             samples_s=fmt.rate(state.samples_per_s()),
             device=device,
-            cpu_only=cuda is False,
+            cpu_only=cpu_only,
             details=details,
             mode=mode,
+            badge=badge(findings)[0],
+            badge_kind=badge(findings)[1],
+            vitals=vitals(state),
         )
 
 
 class HeaderView:
-    """Rich renderable for :class:`HeaderInfo` (three lines)."""
+    """Rich renderable for :class:`HeaderInfo` (four lines)."""
 
     def __init__(self, info: HeaderInfo | None, styles: dict[str, Style]) -> None:
         self.info = info
@@ -113,10 +176,15 @@ class HeaderView:
             line3.append(" · ", st["label"]).append(info.device, st["cpu"] if info.cpu_only else st["value"])
         if info.details:
             line3.append(" · " + info.details, st["label"])
+        line4 = Text()
+        for text, style in info.vitals:
+            line4.append(text, st[style])
+        badge_text = Text(info.badge, style=st.get(info.badge_kind, st["label"]))
         for left, right in (
             (Text(info.command, style=st["command"]), Text(f"{marker} {info.status}", style=st[info.kind])),
-            (line2, Text("")),
+            (line2, badge_text),
             (line3, Text(info.mode, style=st["label"])),
+            (line4, Text("")),
         ):
             grid = Table.grid(expand=True, padding=(0, 0, 0, 1))
             grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
@@ -131,6 +199,7 @@ class RunHeader(Widget):
     COMPONENT_CLASSES = {
         "header--command", "header--label", "header--value", "header--cpu",
         "header--running", "header--ok", "header--failed", "header--ended",
+        "header--warn", "header--critical", "header--info",
     }
 
     info: reactive[HeaderInfo | None] = reactive(None)

@@ -119,36 +119,35 @@ class ModelView:
         assert info is not None
         b = info.b
         line = self.row("budget")
-        if b("peak_bytes") is not None or b("per_sample_bytes") is not None:
-            items = [("peak", fmt.nbytes(b("peak_bytes"))), ("activations", fmt.nbytes(b("activation_bytes")))]
-            if b("per_sample_bytes") is not None:
-                items.append(("", f"{fmt.nbytes(b('per_sample_bytes'))}/sample"))
-            self.pairs(line, items)
-            if b("batch") is not None:
-                line.append(" · batch ", st["label"]).append(fmt.num(b("batch")), st["value"])
-                if b("max_batch") is not None:
-                    line.append(" → fits ≈", st["label"]).append(fmt.num(b("max_batch")), st["good"])
-            if b("margin") is not None:
-                margin = b("margin") or 0.0
-                line.append(" · margin ", st["label"]).append(fmt.share(margin), st["bad"] if margin < 0.1 else st["value"])
+        if b("peak_bytes") is None:
+            return [line.append(f"n/a: {info.budget_reason or 'waiting for allocator statistics'}", st["muted"])]
+        items = [("peak", fmt.nbytes(b("peak_bytes"))), ("activations", fmt.nbytes(b("activation_bytes")))]
+        if b("per_sample_bytes") is not None:
+            items.append(("", f"{fmt.nbytes(b('per_sample_bytes'))}/sample"))
+        self.pairs(line, items)
+        if b("batch") is not None:
+            line.append(" · batch ", st["label"]).append(fmt.num(b("batch")), st["value"])
+            if b("max_batch") is not None:
+                line.append(" → fits ≈", st["label"]).append(fmt.num(b("max_batch")), st["good"])
+        margin = b("margin")
+        if margin is not None:
+            line.append(" · margin ", st["label"]).append(fmt.share(margin), st["bad"] if margin < 0.1 else st["value"])
         lines = [line]
         if info.budget_reason:
-            why = self.row("" if b("peak_bytes") is not None else "budget")
-            if b("peak_bytes") is None:
-                lines = []
-            lines.append(why.append(f"n/a: {info.budget_reason}" if b("peak_bytes") is None else info.budget_reason,
-                                    st["muted"]))
+            lines.append(self.row("").append(info.budget_reason, st["muted"]))
         capacity, static, peak = b("capacity_bytes"), b("static_bytes"), b("peak_bytes")
-        bar_w = width - LABEL_W
+        legend = Text(no_wrap=True)
+        legend.append(" █", st["static"]).append(" static ", st["label"]).append("▓", st["activation"])
+        legend.append(" activations ", st["label"]).append("░", st["free"]).append(" free of ", st["label"])
+        legend.append(fmt.nbytes(capacity), st["value"])
+        bar_w = width - LABEL_W - legend.cell_len
         if capacity and static is not None and peak is not None and bar_w >= 10:
             bar = self.row("")
             parts = [("static", min(static, capacity)), ("activation", max(0.0, min(peak, capacity) - static)),
                      ("free", max(0.0, capacity - max(peak, static)))]
-            for key, n in stacked_bar(parts, bar_w - 22):
+            for key, n in stacked_bar(parts, bar_w):
                 bar.append({"static": "█", "activation": "▓", "free": "░"}[key] * n, st[key])
-            bar.append(" █", st["static"]).append(" static ", st["label"]).append("▓", st["activation"])
-            bar.append(" activations", st["label"])
-            lines.append(bar)
+            lines.append(bar.append_text(legend))
         return lines
 
     def flops_line(self) -> Text:

@@ -1,0 +1,209 @@
+"""Ops panel: the top ops of the last profiler window, sortable, with its age and a capture marker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from perfmon.state import RunState
+from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.device import Num, number
+
+#: Sort orders, cycled by the ``s`` key: (label, op key).
+SORTS: tuple[tuple[str, str], ...] = (("self time", "self_ms"), ("total time", "total_ms"), ("calls", "calls"),
+                                      ("FLOPs", "flops"))
+EMPTY = "no profiler window yet — press p"
+NUM_W = 9
+SHAPES_MIN = 24
+
+
+@dataclass(frozen=True)
+class OpRow:
+    name: str
+    calls: int
+    self_ms: float
+    total_ms: float
+    self_cpu_ms: float
+    flops: int
+    share: float
+    shapes: str
+
+    @classmethod
+    def from_dict(cls, op: dict[str, Any]) -> OpRow:
+        return cls(
+            name=str(op.get("name", "?")), calls=int(number(op.get("calls")) or 0),
+            self_ms=number(op.get("self_ms")) or 0.0, total_ms=number(op.get("total_ms")) or 0.0,
+            self_cpu_ms=number(op.get("self_cpu_ms")) or 0.0, flops=int(number(op.get("flops")) or 0),
+            share=number(op.get("share")) or 0.0, shapes=str(op.get("shapes") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class OpsInfo:
+    """What the panel shows; equal values mean nothing to redraw."""
+
+    rows: tuple[OpRow, ...]  # sorted
+    sort: str
+    step: int | None
+    active_steps: int | None
+    reason: str | None
+    device: str | None
+    age: str | None
+    syncs: Num
+    busy: Num
+    ops_total: int | None
+    trace: str | None
+    capturing: str | None  # "started at step N" while a window is being captured
+    windows: int
+
+    @classmethod
+    def from_state(cls, state: RunState, sort_index: int = 0, now: float | None = None) -> OpsInfo:
+        """Derive the panel from ``state`` (call with the state lock held)."""
+        label, key = SORTS[sort_index % len(SORTS)]
+        capturing = None
+        if state.profiling is not None:
+            step = state.profiling.get("step")
+            capturing = f"capturing a profiler window (from step {fmt.count(step)})…" if isinstance(step, int) else \
+                "capturing a profiler window…"
+        if not state.profiles:
+            return cls((), label, None, None, None, None, None, None, None, None, None, capturing, 0)
+        prof = state.profiles[-1]
+        rows = [OpRow.from_dict(op) for op in prof.get("top_ops") or () if isinstance(op, dict)]
+        rows.sort(key=lambda r: (getattr(r, key), r.self_ms), reverse=True)
+        t = number(prof.get("t"))
+        age = fmt.ago(max(0.0, now - t)) if t is not None and now is not None else None
+        step, active, total = prof.get("step"), prof.get("active_steps"), prof.get("ops_total")
+        return cls(
+            rows=tuple(rows), sort=label,
+            step=step if isinstance(step, int) else None,
+            active_steps=active if isinstance(active, int) else None,
+            reason=str(prof["reason"]) if prof.get("reason") else None,
+            device=str(prof["device"]) if prof.get("device") else None,
+            age=age, syncs=number(prof.get("syncs_per_step")), busy=number(prof.get("device_busy")),
+            ops_total=total if isinstance(total, int) else None,
+            trace=str(prof["trace"]) if prof.get("trace") else None,
+            capturing=capturing, windows=len(state.profiles),
+        )
+
+
+class OpsView:
+    """Rich renderable for :class:`OpsInfo`, cut to ``height`` lines."""
+
+    def __init__(self, info: OpsInfo | None, styles: dict[str, Style], height: int) -> None:
+        self.info = info
+        self.styles = styles
+        self.height = height
+
+    def title(self) -> Text:
+        st, info = self.styles, self.info
+        line = Text(no_wrap=True, overflow="ellipsis")
+        if info is not None and info.capturing:
+            line.append("● " + info.capturing, st["capturing"])
+            if info.step is not None:
+                line.append("  last: ", st["label"])
+        if info is None or info.step is None:
+            return line if line.cell_len else line.append(EMPTY, st["label"])
+        line.append("window at step ", st["label"]).append(fmt.count(info.step), st["value"])
+        details = [f"{info.active_steps} active steps" if info.active_steps else None, info.reason, info.device]
+        line.append(" (" + ", ".join(d for d in details if d) + ")", st["label"])
+        if info.age:
+            line.append(" · ", st["label"]).append(info.age, st["value"])
+        line.append(" · sort ", st["label"]).append(info.sort, st["sort"]).append(" (s)", st["label"])
+        return line
+
+    def columns(self, width: int) -> tuple[list[tuple[str, str]], int, bool]:
+        """(header, op key) of the number columns, the name width, whether shapes fit."""
+        assert self.info is not None
+        cols = [("calls", "calls"), ("self ms", "self_ms"), ("total ms", "total_ms")]
+        if self.info.device == "cuda":
+            cols.append(("cpu ms", "self_cpu_ms"))
+        cols += [("share", "share"), ("FLOPs", "flops")]
+        name_w = max(16, min(44, width - NUM_W * len(cols)))
+        shapes = width - name_w - NUM_W * len(cols) - 2 >= SHAPES_MIN
+        return cols, name_w, shapes
+
+    def table(self, width: int, rows_room: int) -> list[Text]:
+        st, info = self.styles, self.info
+        assert info is not None
+        cols, name_w, shapes = self.columns(width)
+        sort_key = dict((label, key) for label, key in SORTS)[info.sort]
+        head = Text("op".ljust(name_w), st["heading"], no_wrap=True)
+        for label, key in cols:
+            mark = "▼" if key == sort_key else ""
+            head.append((mark + label).rjust(NUM_W), st["sort"] if mark else st["heading"])
+        if shapes:
+            head.append("  input shapes", st["heading"])
+        lines = [head]
+        shown = info.rows if len(info.rows) <= rows_room else info.rows[: max(0, rows_room - 1)]
+        for r in shown:
+            line = Text(no_wrap=True, overflow="ellipsis")
+            name = r.name if len(r.name) < name_w else r.name[: name_w - 2] + "…"
+            line.append(name.ljust(name_w), st["name"])
+            for _, key in cols:
+                value = getattr(r, key)
+                text = (fmt.count(value) if key == "calls" else fmt.share(value) if key == "share" else
+                        (fmt.si(value) if value else fmt.DASH) if key == "flops" else fmt.ms(value))
+                line.append(text.rjust(NUM_W), st["sorted"] if key == sort_key else st["value"])
+            if shapes and r.shapes:
+                line.append("  " + r.shapes, st["label"])
+            lines.append(line)
+        if len(shown) < len(info.rows):
+            lines.append(Text(f"… {len(info.rows) - len(shown)} more (taller terminal or another sort)", st["label"]))
+        return lines
+
+    def footer(self) -> Text:
+        st, info = self.styles, self.info
+        assert info is not None
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append("syncs/step ", st["label"]).append(fmt.num(info.syncs, digits=1), st["value"])
+        line.append(" · device busy ", st["label"]).append(fmt.share(info.busy) if info.busy is not None else fmt.NA,
+                                                            st["value"])
+        if info.ops_total is not None:
+            line.append(" · ", st["label"]).append(fmt.count(info.ops_total), st["value"]).append(" ops", st["label"])
+        line.append(" · e exports · trace ", st["label"])
+        line.append(Path(info.trace).name if info.trace else fmt.NA, st["value"])
+        return line
+
+    def lines(self, width: int) -> list[Text]:
+        info = self.info
+        lines = [self.title()]
+        if info is None or not info.rows:
+            if info is not None and info.step is not None:
+                lines.append(Text("the window recorded no ops", self.styles["label"]))
+            return lines
+        room = max(1, self.height - 3)  # title, column heads, footer
+        return [*lines, *self.table(width, room), self.footer()]
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        for line in self.lines(width)[: max(1, self.height)]:
+            line.truncate(width, overflow="ellipsis")
+            yield from line.render(console)
+            yield Segment.line()
+
+
+class OpsPanel(Widget):
+    """Top ops of the last profiler window; ``info`` and ``sort_index`` are its state."""
+
+    COMPONENT_CLASSES = {
+        "ops--label", "ops--value", "ops--name", "ops--heading", "ops--sort", "ops--sorted", "ops--capturing",
+    }
+
+    info: reactive[OpsInfo | None] = reactive(None)
+    sort_index: reactive[int] = reactive(0)
+
+    @property
+    def sort(self) -> tuple[str, str]:
+        return SORTS[self.sort_index % len(SORTS)]
+
+    def render(self) -> OpsView:
+        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        return OpsView(self.info, styles, self.content_size.height or 24)

@@ -1,0 +1,74 @@
+"""The view bar: which view is shown (number keys switch), findings count, capture marker, chart span."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+#: The views, switched by the keys 1..N: (id, label).
+VIEWS: tuple[tuple[str, str], ...] = (
+    ("overview", "overview"), ("device", "device"), ("model", "model"), ("ops", "ops"),
+    ("findings", "findings"), ("output", "output"),
+)
+VIEW_IDS = tuple(v for v, _ in VIEWS)
+
+
+@dataclass(frozen=True)
+class ViewBarInfo:
+    """What the bar shows; equal values mean nothing to redraw."""
+
+    current: str = "overview"
+    findings: int = 0
+    severity: str = ""  # worst finding's
+    capturing: bool = False
+    span: str = ""
+
+
+class ViewBarView:
+    """Rich renderable for :class:`ViewBarInfo` (one line)."""
+
+    def __init__(self, info: ViewBarInfo, styles: dict[str, Style]) -> None:
+        self.info = info
+        self.styles = styles
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        st, info = self.styles, self.info
+        tabs = Text(no_wrap=True, overflow="ellipsis")
+        for i, (view, label) in enumerate(VIEWS, 1):
+            active = view == info.current
+            tabs.append(f" {i} ", st["active-key"] if active else st["key"])
+            tabs.append(f"{label} ", st["active"] if active else st["name"])
+            if view == "findings" and info.findings:
+                tabs.append(f"{info.findings} ", st.get(info.severity, st["name"]))
+            if view == "ops" and info.capturing:
+                tabs.append("● ", st["capturing"])
+            tabs.append(" ")
+        right = Text(no_wrap=True)
+        if info.span:
+            right.append("span ", st["name"]).append(info.span, st["span"])
+        grid = Table.grid(expand=True)
+        grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
+        grid.add_column(no_wrap=True, justify="right")
+        grid.add_row(tabs, right)
+        yield grid
+
+
+class ViewBar(Widget):
+    """One line under the header; ``info`` is its state."""
+
+    COMPONENT_CLASSES = {
+        "views--key", "views--name", "views--active-key", "views--active", "views--span", "views--capturing",
+        "views--critical", "views--warn", "views--info",
+    }
+
+    info: reactive[ViewBarInfo] = reactive(ViewBarInfo)
+
+    def render(self) -> ViewBarView:
+        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        return ViewBarView(self.info, styles)
