@@ -114,7 +114,10 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
         returncode = proc.wait()
         if isinstance(source, ReplaySource):
             source.close()
-        follower.join(timeout=10.0)
+        follower.join(timeout=2.0)
+        if follower.is_alive():  # a monitor that was frozen reads the rest from the recording
+            print("[perfmon] job ended; catching up with the recording...", file=err, flush=True)
+            follower.join(timeout=600.0)
         tail.pump()
         with lock:
             finalize_recording(proc.run_dir, state, returncode)
