@@ -146,3 +146,29 @@ def test_a_large_backlog_goes_out_in_bounded_lines(agent):
     for msg in ReplaySource(agent.run_dir).messages():
         state.apply(msg)
     assert state.steps == 25_000
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
+def test_connection_from_another_user_is_refused(agent):
+    sock = paths.socket_path(os.getpid())
+    # open the doors (dir 0700, socket 0600 normally keep others out); the peer check must still refuse
+    os.chmod(sock.parent, 0o755)
+    os.chmod(sock, 0o666)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: become "nobody" and try to read the stream
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(5)
+            s.connect(str(sock))
+            os.write(w, str(len(s.recv(4096))).encode())
+        except BaseException as exc:  # noqa: BLE001
+            os.write(w, f"error {exc}".encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    got = os.read(r, 200).decode()
+    assert got == "0"  # closed at once, not even a greeting
+    assert agent.server is not None and agent.server.refused == 1

@@ -144,3 +144,20 @@ def test_status_line_says_when_steps_stall():
                               rows=[[1, 1001.0, 60000.0, 0, 0, 0, 0, 60000.0, None]]))
     assert "no step for 0:01:40" in status_line(st, now=1101.0)
     assert "no step" not in status_line(st, now=1010.0)
+
+
+def test_terminal_hangup_of_the_monitor_leaves_training_running_to_completion(env, tmp_path):
+    run_dir = tmp_path / "run"
+    mon = subprocess.Popen([*PERFMON, "--headless", "--interval", "1000", "--run-dir", str(run_dir),
+                            str(LOOPS / "fast_steps.py"), "--seconds", "6"], env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hello = wait_until(lambda: (run_dir / "events.jsonl").exists() and (run_dir / "events.jsonl").read_text()
+                       .split("\n", 1)[0], what="the recording")
+    agent_pid = json.loads(hello)["pid"]
+    os.killpg(mon.pid, signal.SIGHUP)  # the SSH session drops: its whole process group gets SIGHUP
+    assert mon.wait(timeout=30) == -signal.SIGHUP
+    wait_until(lambda: not psutil.pid_exists(agent_pid) or psutil.Process(agent_pid).status() == "zombie",
+               timeout=60, what="the training to finish on its own")
+    summary = json.loads(wait_until(lambda: (run_dir / "summary.json").exists() and
+                                    (run_dir / "summary.json").read_text(), what="summary.json"))
+    assert summary["exit_code"] == 0 and summary["complete"] and summary["steps"] > 1000
