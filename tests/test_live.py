@@ -149,7 +149,15 @@ def test_a_large_backlog_goes_out_in_bounded_lines(agent):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
-def test_connection_from_another_user_is_refused(agent):
+def test_connection_from_another_user_is_refused(tmp_path, monkeypatch):
+    import shutil
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="perfmon-peer-")  # reachable by others, unlike pytest's tmp dirs
+    os.chmod(base, 0o755)
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", os.path.join(base, "rt"))
+    agent = Agent(tmp_path / "run", {"script": "x", "pid": os.getpid(), "start": 0.0}, sample_interval=None)
+    agent.start()
     sock = paths.socket_path(os.getpid())
     # open the doors (dir 0700, socket 0600 normally keep others out); the peer check must still refuse
     os.chmod(sock.parent, 0o755)
@@ -170,5 +178,9 @@ def test_connection_from_another_user_is_refused(agent):
     os.close(w)
     os.waitpid(pid, 0)
     got = os.read(r, 200).decode()
-    assert got == "0"  # closed at once, not even a greeting
-    assert agent.server is not None and agent.server.refused == 1
+    try:
+        assert got == "0"  # closed at once, not even a greeting
+        assert agent.server is not None and agent.server.refused == 1
+    finally:
+        agent.finish({"code": 0})
+        shutil.rmtree(base, ignore_errors=True)
