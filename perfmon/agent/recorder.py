@@ -44,12 +44,7 @@ class Recorder:
 
     def _fail(self, exc: OSError) -> None:
         self.error = f"recording stopped: {exc.strerror or exc} ({self.path}); training continues"
-        if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
-        self._fd = None
+        self.close()
 
     def write_json(self, name: str, obj: Any) -> bool:
         """Write ``RUN/name`` atomically (temp file + rename)."""
