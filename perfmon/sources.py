@@ -29,12 +29,13 @@ class RecordingReader:
         self.errors: list[str] = []
         self._partial = b""
 
-    def read_new(self) -> list[dict[str, Any]]:
-        """Messages appended since the last call; a trailing partial line waits for its end."""
+    def read_new(self, max_bytes: int = -1) -> list[dict[str, Any]]:
+        """Messages appended since the last call (at most about ``max_bytes`` of them);
+        a trailing partial line waits for its end."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
-                data = f.read()
+                data = f.read(max_bytes)
         except OSError:
             return []
         self.offset += len(data)
@@ -98,6 +99,117 @@ class ReplaySource(Source):
 
     def close(self) -> None:
         self._closed.set()
+
+
+def message_time(msg: dict[str, Any]) -> float | None:
+    """When a message happened (wall clock), for paced replay."""
+    if msg.get("type") == "steps":
+        rows = msg.get("rows")
+        fields = msg.get("fields") or []
+        if rows and "t" in fields and isinstance(rows[-1], list) and len(rows[-1]) == len(fields):
+            t = rows[-1][fields.index("t")]
+            return float(t) if isinstance(t, int | float) else None
+        return None
+    t = msg.get("start") if msg.get("type") == "hello" else msg.get("t")
+    return float(t) if isinstance(t, int | float) else None
+
+
+class PacedReplaySource(ReplaySource):
+    """A recording played back in time, with controls: pause, speed, restart, jump to the end.
+
+    Yields ``{"type": "reset"}`` (never found on a socket or in a file) when playback restarts:
+    the consumer starts a fresh state.
+    """
+
+    SPEEDS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+    def __init__(self, run_dir: Path, speed: float = 60) -> None:
+        super().__init__(run_dir)
+        self.speed = speed
+        self.paused = False
+        self.at_end = False
+        self.position: float | None = None  # replay clock (recording time)
+        self._cond = threading.Condition()
+        self._jump = False
+        self._restart = False
+        self._anchor: tuple[float, float] | None = None  # (recording time, monotonic) of the last (re)sync
+
+    def _clock(self) -> float | None:
+        """The replay clock: recording time now (frozen while paused)."""
+        if self._anchor is None:
+            return None
+        rec_t, mono = self._anchor
+        return rec_t if self.paused else rec_t + (time.monotonic() - mono) * self.speed
+
+    def _wait_until(self, t: float) -> bool:
+        """Sleep until the replay clock reaches ``t``; False if closed or restarted meanwhile."""
+        with self._cond:
+            while not self._closed.is_set() and not self._restart:
+                if self._jump:
+                    return True
+                if self._anchor is None:
+                    self._anchor = (t, time.monotonic())
+                now = self._clock()
+                assert now is not None
+                if now >= t:
+                    self.position = t
+                    return True
+                self.position = now
+                self._cond.wait(0.25 if self.paused else min(0.25, max(0.001, (t - now) / self.speed)))
+        return False
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        while not self._closed.is_set():
+            batch = self.reader.read_new(1 << 20)
+            if not batch and not self._restart:
+                self.at_end = True
+                with self._cond:  # stay for restart or close
+                    while not self._closed.is_set() and not self._restart:
+                        self._cond.wait(0.25)
+            for msg in batch:
+                t = message_time(msg)
+                if t is not None and not self._jump and not self._wait_until(t):
+                    break
+                if self._restart:
+                    break
+                yield msg
+            if self._restart:
+                with self._cond:
+                    self._restart = self._jump = False
+                    self.at_end = False
+                    self._anchor = None
+                    self.position = None
+                    self.reader = RecordingReader(self.reader.path)
+                yield {"type": "reset"}
+
+    def _control(self, **changes: Any) -> None:
+        with self._cond:
+            now = self._clock()
+            if now is not None:
+                self._anchor = (now, time.monotonic())  # re-anchor the clock where it stands
+            for k, v in changes.items():
+                setattr(self, k, v)
+            self._cond.notify_all()
+
+    def toggle_pause(self) -> None:
+        self._control(paused=not self.paused)
+
+    def faster(self) -> None:
+        self._control(speed=next((s for s in self.SPEEDS if s > self.speed), self.SPEEDS[-1]))
+
+    def slower(self) -> None:
+        self._control(speed=next((s for s in reversed(self.SPEEDS) if s < self.speed), self.SPEEDS[0]))
+
+    def seek_end(self) -> None:
+        self._control(_jump=True)
+
+    def restart(self) -> None:
+        self._control(_restart=True)
+
+    def close(self) -> None:
+        super().close()
+        with self._cond:
+            self._cond.notify_all()
 
 
 class LiveSource(Source):

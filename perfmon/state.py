@@ -186,6 +186,9 @@ class RunState:
                 return
             self.last_seq = seq
         kind = msg.get("type")
+        if kind == "reset":  # a replay restarting from the beginning (never from a socket or file)
+            self.__init__(recent=self.recent.maxlen or RECENT_STEPS)  # type: ignore[misc]
+            return
         try:
             if kind == "hello":
                 self.meta.update({k: v for k, v in msg.items() if k not in ("v", "type", "seq", "live_seq")})
