@@ -38,7 +38,7 @@ class Finding:
 class Config:
     """Thresholds (defaults from torch-tb-profiler, TraceML and common practice; see each rule)."""
 
-    warmup_steps: int = 10
+    warmup_steps: int = 30
     min_steps: int = 20
     hold: int = 3  # evaluations a finding must hold before it shows
     clear: int = 5  # evaluations it must stop holding before it clears
@@ -54,7 +54,7 @@ class Config:
     fp32_gemm_share: float = 0.30
     instability_ratio: float = 2.0
     spike_ratio: float = 3.0
-    instability_min_excess: float = 0.05  # share of time lost to slow steps
+    instability_min_excess: float = 0.10  # share of time lost to slow steps
     first_step_ratio: float = 10.0
     creep_growth: float = 0.10
     creep_min_bytes: int = 100 << 20

@@ -71,7 +71,7 @@ def memory_creep(f: Facts, cfg: Config) -> Finding | None:
         if found:
             growth, grown = found
             return Finding(
-                "memory-creep", "warn", f"Memory creep: {label} grew {growth:.0%} (+{grown / 2**20:,.0f} MiB) and keeps rising",
+                "memory-creep", "critical" if growth >= 0.5 else "warn", f"Memory creep: {label} grew {growth:.0%} (+{grown / 2**20:,.0f} MiB) and keeps rising",
                 {"series": key, "growth": round(growth, 3), "grown_bytes": int(grown), "points": len(values)},
                 "Something keeps tensors alive across steps: accumulate `loss.item()` (a float), not `loss`; detach "
                 "tensors you store for logging; clear lists/caches that grow every step.",

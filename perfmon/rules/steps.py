@@ -27,7 +27,7 @@ def priority(f: Facts, cfg: Config) -> Finding | None:
     )
 
 
-@rule("step-instability", "p99/p50 step time > 2 or periodic spikes > 3x the median, costing >= 5% of the time")
+@rule("step-instability", "p99/p50 step time > 2 or periodic spikes > 3x the median, costing >= 10% of the time")
 def step_instability(f: Facts, cfg: Config) -> Finding | None:
     p50, p99 = f.quantile(0.5), f.quantile(0.99)
     if not p50 or p99 is None:
