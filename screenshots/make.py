@@ -1,7 +1,9 @@
 """Regenerate the dashboard screenshots from the test fixture: ``python screenshots/make.py``.
 
-Writes ``dashboard-120x40.svg`` and ``dashboard-80x24.svg`` here, and PNGs beside them when
-``rsvg-convert`` (apt: librsvg2-bin) is installed.
+Writes, here, SVGs of the H100 fixture (``dashboard-120x40``, ``dashboard-80x24`` and one per
+view: ``device-``, ``model-``, ``ops-``, ``findings-``) and of the CPU-only fixture
+(``dashboard-cpu-120x40``, ``dashboard-cpu-80x24``), and PNGs beside them when ``rsvg-convert``
+(apt: librsvg2-bin) is installed.
 """
 
 from __future__ import annotations
@@ -12,23 +14,41 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]
 
-from tui_fixtures import loaded, write_recording  # noqa: E402
+from tui_fixtures import START, loaded, write_recording  # noqa: E402
 
 from perfmon.sources import ReplaySource  # noqa: E402
 from perfmon.state import RunState  # noqa: E402
 from perfmon.tui.app import PerfmonApp  # noqa: E402
 
+#: (name, terminal size, recording options, keys pressed before the picture)
+SHOTS: list[tuple[str, tuple[int, int], dict[str, Any], list[str]]] = [
+    ("dashboard-120x40", (120, 40), {"device": "gpu"}, []),
+    ("dashboard-80x24", (80, 24), {"device": "gpu"}, []),
+    ("dashboard-cpu-120x40", (120, 40), {}, []),
+    ("dashboard-cpu-80x24", (80, 24), {}, []),
+    ("device-80x24", (80, 24), {"device": "gpu", "throttled": True}, ["2"]),
+    ("device-4gpus-120x40", (120, 40), {"device": "gpu", "gpus": 4, "throttled": True}, ["2"]),
+    ("model-80x24", (80, 24), {"device": "gpu"}, ["3"]),
+    ("ops-120x40", (120, 40), {"device": "gpu"}, ["4"]),
+    ("findings-80x24", (80, 24), {"device": "gpu", "throttled": True}, ["5", "enter"]),
+]
 
-async def shoot(size: tuple[int, int], exit: str, name: str) -> Path:
+
+async def shoot(name: str, size: tuple[int, int], options: dict[str, Any], keys: list[str]) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
-        run_dir = write_recording(Path(tmp) / "run", exit=exit)
+        run_dir = write_recording(Path(tmp) / "run", **options)
         app = PerfmonApp(RunState(), ReplaySource(run_dir), run_dir)
+        app.clock = lambda: START + 150.0
         async with app.run_test(size=size) as pilot:
             await loaded(pilot)
+            for key in keys:
+                await pilot.press(key)
+            await pilot.pause()
             svg = HERE / f"{name}.svg"
             svg.write_text(app.export_screenshot())
             await pilot.press("q")
@@ -47,8 +67,8 @@ def to_png(svg: Path) -> None:
 
 
 def main() -> None:
-    for size, exit, name in (((120, 40), "ok", "dashboard-120x40"), ((80, 24), "ok", "dashboard-80x24")):
-        svg = asyncio.run(shoot(size, exit, name))
+    for name, size, options, keys in SHOTS:
+        svg = asyncio.run(shoot(name, size, options, keys))
         print("wrote", svg.relative_to(HERE.parent))
         to_png(svg)
 

@@ -1,19 +1,42 @@
-"""SVG snapshots of the dashboard over the fixture recordings (update with --snapshot-update)."""
+"""SVG snapshots of the dashboard over the fixture recordings (update with --snapshot-update).
+
+The clock is pinned (elapsed time of a running job, the profiler window's age); a running job's
+live rules are switched off (``NO_RULES``) so that what the engine's hysteresis shows does not
+depend on timing.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tui_fixtures import START, loaded, write_recording
 
+from perfmon.rules import Config
 from perfmon.sources import ReplaySource
 from perfmon.state import RunState
 from perfmon.tui.app import PerfmonApp
 
+CLOCK = START + 150.0
+NO_RULES = Config(min_steps=10**9)
 
-def finished_app(tmp_path: Path, exit: str = "ok") -> PerfmonApp:
-    run_dir = write_recording(tmp_path / "run", exit=exit)
-    return PerfmonApp(RunState(), ReplaySource(run_dir), run_dir)
+
+def finished_app(tmp_path: Path, exit: str = "ok", **kw: Any) -> PerfmonApp:
+    run_dir = write_recording(tmp_path / "run", exit=exit, **kw)
+    app = PerfmonApp(RunState(), ReplaySource(run_dir), run_dir)
+    app.clock = lambda: CLOCK
+    return app
+
+
+def running_app(tmp_path: Path, **kw: Any) -> PerfmonApp:
+    run_dir = write_recording(tmp_path / "run", exit=None, **kw)
+    app = PerfmonApp(RunState(), ReplaySource(run_dir, follow=True, poll=0.05), run_dir, rules=NO_RULES)
+    app.clock = lambda: CLOCK
+    return app
+
+
+async def running_loaded(pilot) -> None:
+    await loaded(pilot, steps=3000)
 
 
 def test_finished_run_120x40(snap_compare, tmp_path: Path) -> None:
@@ -33,11 +56,55 @@ def test_help_80x24(snap_compare, tmp_path: Path) -> None:
 
 
 def test_quit_dialog_on_running_job_120x40(snap_compare, tmp_path: Path) -> None:
-    run_dir = write_recording(tmp_path / "run", exit=None)
-    app = PerfmonApp(RunState(), ReplaySource(run_dir, follow=True, poll=0.05), run_dir)
-    app.clock = lambda: START + 150.0
+    assert snap_compare(running_app(tmp_path), press=["q"], terminal_size=(120, 40), run_before=running_loaded)
 
-    async def run_before(pilot) -> None:
-        await loaded(pilot, steps=3000)
 
-    assert snap_compare(app, press=["q"], terminal_size=(120, 40), run_before=run_before)
+# -- GPU run: overview and each view ----------------------------------------------------------
+def test_gpu_overview_120x40(snap_compare, tmp_path: Path) -> None:
+    assert snap_compare(finished_app(tmp_path, device="gpu"), terminal_size=(120, 40), run_before=loaded)
+
+
+def test_gpu_overview_80x24(snap_compare, tmp_path: Path) -> None:
+    assert snap_compare(finished_app(tmp_path, device="gpu"), terminal_size=(80, 24), run_before=loaded)
+
+
+def test_gpu_device_view_80x24(snap_compare, tmp_path: Path) -> None:
+    app = finished_app(tmp_path, device="gpu", throttled=True)
+    assert snap_compare(app, press=["2"], terminal_size=(80, 24), run_before=loaded)
+
+
+def test_four_gpus_device_view_120x40(snap_compare, tmp_path: Path) -> None:
+    app = finished_app(tmp_path, device="gpu", gpus=4, throttled=True)
+    assert snap_compare(app, press=["2"], terminal_size=(120, 40), run_before=loaded)
+
+
+def test_gpu_model_view_80x24(snap_compare, tmp_path: Path) -> None:
+    assert snap_compare(finished_app(tmp_path, device="gpu"), press=["3"], terminal_size=(80, 24), run_before=loaded)
+
+
+def test_gpu_ops_view_120x40(snap_compare, tmp_path: Path) -> None:
+    assert snap_compare(finished_app(tmp_path, device="gpu"), press=["4"], terminal_size=(120, 40), run_before=loaded)
+
+
+def test_ops_sorted_by_calls_80x24(snap_compare, tmp_path: Path) -> None:
+    app = finished_app(tmp_path, device="gpu")
+    assert snap_compare(app, press=["4", "s", "s"], terminal_size=(80, 24), run_before=loaded)
+
+
+def test_findings_expanded_80x24(snap_compare, tmp_path: Path) -> None:
+    app = finished_app(tmp_path, device="gpu", throttled=True)
+    assert snap_compare(app, press=["5", "enter"], terminal_size=(80, 24), run_before=loaded)
+
+
+# -- CPU run: no GPU, the model without a memory budget; a window being captured ---------------
+def test_cpu_device_view_80x24(snap_compare, tmp_path: Path) -> None:
+    assert snap_compare(finished_app(tmp_path), press=["2"], terminal_size=(80, 24), run_before=loaded)
+
+
+def test_cpu_model_view_80x24(snap_compare, tmp_path: Path) -> None:
+    assert snap_compare(finished_app(tmp_path), press=["3"], terminal_size=(80, 24), run_before=loaded)
+
+
+def test_ops_capturing_80x24(snap_compare, tmp_path: Path) -> None:
+    app = running_app(tmp_path, capturing=True)
+    assert snap_compare(app, press=["4"], terminal_size=(80, 24), run_before=running_loaded)

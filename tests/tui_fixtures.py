@@ -41,6 +41,121 @@ def step_row(i: int) -> list[float | int]:
     return [round(x, 3) for x in (dur, data, forward, backward, optimizer, other)]
 
 
+GIB = 1 << 30
+H100 = "NVIDIA H100 80GB HBM3"
+H100_TOTAL = 85_520_809_984  # what NVML reports for an H100 80GB HBM3 (79.6 GiB)
+NO_GPU_REASON = "no NVIDIA driver (NVML library not found)"
+CPU_OPS = [  # a CPU window of demos/train_mlp.py (3 active steps), as the agent measured it
+    ("aten::div", 3, 133.43, 133.49, 0, "[[1024, 1024], []]"),
+    ("aten::mm", 9, 71.37, 71.38, 1_207_959_552, "[[1024, 64], [64, 1024]]"),
+    ("aten::add_", 9, 51.59, 51.71, 0, "[[1024, 1024], [], []]"),
+    ("aten::addmm", 9, 38.12, 41.02, 604_372_992, "[[1024], [64, 1024], [1024, 1024]]"),
+    ("aten::sqrt", 3, 24.10, 24.10, 0, "[[1024, 1024]]"),
+    ("aten::mul_", 6, 19.84, 19.88, 0, "[[1024, 1024], []]"),
+    ("aten::threshold_backward", 6, 6.31, 6.31, 0, "[[64, 1024], [64, 1024], []]"),
+    ("aten::lerp_", 3, 5.77, 5.80, 0, "[[1024, 1024], [1024, 1024], []]"),
+    ("aten::relu", 6, 2.05, 3.12, 0, "[[64, 1024]]"),
+    ("aten::copy_", 12, 1.48, 1.48, 0, "[[64, 256], [64, 256], []]"),
+    ("aten::mse_loss", 3, 0.41, 0.72, 0, "[[64, 1], [64, 1]]"),
+    ("aten::item", 6, 0.02, 0.09, 0, "[[]]"),
+]
+GPU_OPS = [  # GPT-2 small, fp32 (no autocast), batch 32 x 512 tokens, 3 active steps (device times)
+    ("aten::mm", 432, 38.21, 38.24, 9_278_190_944_256, "[[16384, 768], [768, 3072]]"),
+    ("aten::_scaled_dot_product_flash_attention", 36, 14.72, 14.90, 0, "[[32, 12, 512, 64], [32, 12, 512, 64]]"),
+    ("aten::addmm", 144, 11.30, 11.52, 2_319_282_339_840, "[[3072], [16384, 768], [768, 3072]]"),
+    ("aten::_flash_attention_backward", 36, 9.84, 9.91, 0, "[[32, 12, 512, 64], [32, 12, 512, 64]]"),
+    ("aten::native_layer_norm", 75, 4.92, 5.01, 0, "[[32, 512, 768], [768], [768]]"),
+    ("aten::gelu", 36, 3.81, 3.81, 0, "[[32, 512, 3072]]"),
+    ("aten::_fused_adamw_", 3, 3.12, 3.12, 0, "[[768], [768], [768], [768]]"),
+    ("aten::add", 150, 2.93, 2.95, 0, "[[32, 512, 768], [32, 512, 768]]"),
+    ("aten::copy_", 96, 2.61, 2.64, 0, "[[32, 512], [32, 512], []]"),
+    ("aten::native_dropout", 111, 2.24, 2.30, 0, "[[32, 512, 768], [], []]"),
+    ("aten::embedding_dense_backward", 3, 1.72, 1.75, 0, "[[32, 512, 768], [32, 512]]"),
+    ("aten::nll_loss_forward", 3, 0.38, 0.40, 0, "[[16384, 50257], [16384]]"),
+    ("aten::_local_scalar_dense", 3, 0.01, 0.01, 0, "[[]]"),
+]
+
+
+def _gpu_static(i: int) -> dict[str, object]:
+    return {"index": i, "name": H100, "uuid": f"GPU-5b1c2d3e-{i:04d}-4f5a-8b9c-0d1e2f3a4b5c",
+            "total_bytes": H100_TOTAL, "power_limit_w": 700.0, "sm_clock_max_mhz": 1980}
+
+
+def gpu_reading(i: int, k: int, throttled: bool = False, na: bool = False, stall: bool = False) -> dict[str, object]:
+    """GPU ``i``'s NVML reading at sample ``k``: an H100 running GPT-2, a dip when the input stalls."""
+    wave = math.sin(k / 7.0 + i)
+    util = round(90 + 5 * wave - (9 if stall else 0) - 2 * i)
+    out: dict[str, object] = {
+        **_gpu_static(i),
+        "util_gpu": util, "util_mem": round(util * 0.48),
+        "mem_used_bytes": int((47.6 + 0.4 * i) * GIB), "proc_mem_bytes": int((47.0 + 0.4 * i) * GIB),
+        "power_w": round(560 + 60 * wave - 7 * i, 1), "temp_c": 68 + round(3 * wave) + i,
+        "sm_clock_mhz": 1980, "throttle": [], "throttled": [],
+        "pcie_tx_kbs": 850_000 + 1000 * (k % 7), "pcie_rx_kbs": 3_400_000 + 10_000 * (k % 5),
+    }
+    if throttled and i == 0:
+        out.update(power_w=699.2, sm_clock_mhz=1590, temp_c=83, throttle=["sw_power_cap", "sw_thermal"],
+                   throttled=["sw_power_cap", "sw_thermal"])
+    if na:
+        out.update({k_: None for k_ in ("util_gpu", "util_mem", "proc_mem_bytes", "power_w", "power_limit_w",
+                                         "temp_c", "sm_clock_mhz", "sm_clock_max_mhz", "pcie_tx_kbs", "pcie_rx_kbs")})
+    return out
+
+
+def host_reading(k: int, gpu: bool) -> dict[str, object]:
+    """The trainer's host at sample ``k``: a 32-core GPU box with 8 workers, or the 2-core CPU VM."""
+    wave = math.sin(k / 5.0)
+    if gpu:
+        return {"cpu_percent": round(104 + 8 * wave, 1), "rss_bytes": int(6.2 * GIB) + k * 1_048_576,
+                "threads": 38, "workers": 8, "workers_cpu_percent": round(610 + 40 * wave, 1),
+                "workers_rss_bytes": int(9.8 * GIB), "system_cpu_percent": round(42 + 4 * wave, 1),
+                "cpu_count": 32, "mem_used_bytes": int(61.3 * GIB), "mem_total_bytes": int(503.5 * GIB),
+                "mem_available_bytes": int(432.1 * GIB), "swap_used_bytes": 0, "load1": 9.71,
+                "io_read_bps": 210_000_000 + 1_000_000 * (k % 9)}
+    return {"cpu_percent": round(98.5 + 3 * wave, 1), "rss_bytes": 412 * 1_048_576 + k * 65_536, "threads": 5,
+            "workers": 0, "workers_cpu_percent": 0.0, "workers_rss_bytes": 0,
+            "system_cpu_percent": round(56 + 5 * wave, 1), "cpu_count": 2, "mem_used_bytes": 1_402_000_000,
+            "mem_total_bytes": 25_275_973_632, "mem_available_bytes": 23_501_000_000, "swap_used_bytes": 0,
+            "load1": 2.16, "io_read_bps": None}
+
+
+def cuda_reading(k: int) -> dict[str, object]:
+    alloc = int((41.3 + 2.0 * ((k % 10) / 10.0)) * GIB)
+    reserved = int(47.0 * GIB)
+    return {"allocated_bytes": alloc, "reserved_bytes": reserved, "peak_allocated_bytes": int(52.1 * GIB),
+            "peak_reserved_bytes": int(54.4 * GIB), "alloc_retries": 0, "ooms": 0,
+            "fragmentation_bytes": reserved - alloc}
+
+
+def model_facts(gpu: bool) -> dict[str, object]:
+    if gpu:
+        params = 124_439_808
+        return {"roots": ["GPT2LMHeadModel"], "params": params, "trainable": params, "frozen": 0,
+                "by_dtype": {"float32": params}, "param_bytes": 4 * params, "grad_bytes": 4 * params,
+                "optimizer_bytes": 8 * params, "static_bytes": 16 * params, "optimizers": ["AdamW"],
+                "optimizer_flags": [{"name": "AdamW", "fused": True, "foreach": None, "param_tensors": 148}],
+                "loaders": [{"num_workers": 8, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2,
+                             "batch_size": 32, "dataset": "TokenDataset"}]}
+    params = 1_313_793
+    return {"roots": ["Sequential", "MSELoss"], "params": params, "trainable": params, "frozen": 0,
+            "by_dtype": {"float32": params}, "param_bytes": 4 * params, "grad_bytes": 4 * params,
+            "optimizer_bytes": 8 * params, "static_bytes": 16 * params, "optimizers": ["AdamW"],
+            "optimizer_flags": [{"name": "AdamW", "fused": None, "foreach": None, "param_tensors": 6}],
+            "loaders": [{"num_workers": 0, "pin_memory": False, "persistent_workers": False, "prefetch_factor": None,
+                         "batch_size": 64, "dataset": "SyntheticDataset"}]}
+
+
+def profile_msg(run_dir: Path, gpu: bool, step: int, t: float) -> dict[str, object]:
+    ops = GPU_OPS if gpu else CPU_OPS
+    total_self = sum(o[2] for o in ops)
+    top = [{"name": n, "calls": c, "self_ms": s_, "total_ms": tot, "self_cpu_ms": round(s_ * (0.11 if gpu else 1.0), 4),
+            "flops": f, "shapes": sh, "share": round(s_ / total_self, 4)} for n, c, s_, tot, f, sh in ops]
+    return {"step": step, "active_steps": 3, "reason": "on demand", "device": "cuda" if gpu else "cpu",
+            "top_ops": top, "ops_total": 212 if gpu else 155, "syncs_per_step": 1.0 if gpu else 2.0,
+            "device_busy": 0.74 if gpu else None, "t": round(t, 6),
+            "trace": str(run_dir / "traces" / f"gpu-box-07_{PID}.1760000104123456789.pt.trace.json")}
+
+
 def write_recording(
     run_dir: Path,
     steps: int = 3000,
@@ -48,44 +163,94 @@ def write_recording(
     exit: str | None = "ok",
     output: bool = True,
     samples: int = 32,
+    device: str = "cpu",
+    gpus: int = 1,
+    throttled: bool = False,
+    na: bool = False,
+    telemetry: bool = True,
+    model: bool = True,
+    flops: bool = True,
+    profile: bool = True,
+    capturing: bool = False,
 ) -> Path:
-    """Write ``run_dir/events.jsonl`` (and ``output.log``); ``exit`` is "ok", "failed" or None (running)."""
+    """Write ``run_dir/events.jsonl`` (and ``output.log``); ``exit`` is "ok", "failed" or None (running).
+
+    ``device`` "gpu" is an H100 80GB run (``gpus`` of them, optionally ``throttled`` or with ``na``
+    readings); "cpu" is a CPU-only run that says why there is no GPU. ``telemetry`` adds a sample a
+    second, ``model`` the model facts (and ``flops`` a FLOP count), ``profile`` a profiler window
+    near the end, ``capturing`` a window started after it and not finished.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
-    seq = 0
-
-    def msg(type_: str, **fields: object) -> bytes:
-        nonlocal seq
-        seq += 1
-        return protocol.encode(protocol.message(type_, seq=seq, **fields))
-
-    lines = [
-        msg(
-            "hello", script="train.py", argv=ARGV, pid=PID, start=START, run_dir=str(run_dir),
-            python="3.11.7", torch="2.13.0+cpu", cuda=False, host="gpu-box-07", rank=0,
-        )
-    ]
+    gpu = device == "gpu"
+    timed: list[tuple[float, str, dict[str, object]]] = []  # (t, type, fields), sorted by t before writing
+    hello: dict[str, object] = dict(
+        script="train.py", argv=ARGV, pid=PID, start=START, run_dir=str(run_dir), python="3.11.7",
+        torch="2.13.0+cu128" if gpu else "2.13.0+cpu", cuda=gpu, host="gpu-box-07", rank=0,
+    )
+    if telemetry:
+        hello.update(gpus=[_gpu_static(i) for i in range(gpus)] if gpu else [],
+                     gpu_reason=None if gpu else NO_GPU_REASON)
+        if gpu:
+            hello["gpu"] = H100
     log = ["perfmon: recording to " + run_dir.name, "\x1b[1mloading dataset\x1b[0m: 96,000 samples"]
     t = START + STARTUP_S
     rows: list[list[float | int]] = []
+    step_t: dict[int, float] = {}
     for i in range(1, steps + 1):
         dur, data, forward, backward, optimizer, other = step_row(i)
         t += dur / 1000.0
+        step_t[i] = t
         rows.append([i, round(t, 6), dur, data, forward, backward, optimizer, other, samples])
         if len(rows) == batch:
-            lines.append(msg("steps", fields=list(protocol.STEP_FIELDS), rows=rows))
+            timed.append((t, "steps", {"fields": list(protocol.STEP_FIELDS), "rows": rows}))
             rows = []
         if i % 250 == 0:
             log.append(f"step {i:5d}  loss {2.5 / (1 + i / 500):.4f}  lr 3.0e-04")
     if rows:
-        lines.append(msg("steps", fields=list(protocol.STEP_FIELDS), rows=rows))
+        timed.append((t, "steps", {"fields": list(protocol.STEP_FIELDS), "rows": rows}))
+    end = t
+    if telemetry:
+        half = step_t.get(1500, end)
+        k = 0
+        ts = START + 1.0
+        while ts < end:
+            k += 1
+            fields: dict[str, object] = {"t": round(ts, 6), "host": host_reading(k, gpu), "sampler_cpu_s": 0.0004,
+                                         "interval_s": 1.0}
+            fields["gpus"] = [gpu_reading(i, k, throttled, na, stall=ts > half) for i in range(gpus)] if gpu else []
+            fields["cuda_mem"] = cuda_reading(k) if gpu else None
+            timed.append((ts, "sample", fields))
+            ts += 1.0
+    if model and steps:
+        timed.append((step_t[1] + 0.05, "model", model_facts(gpu)))
+        if flops:
+            per_step = 6 * 124_439_808 * samples * 512 if gpu else 470_188_032
+            timed.append((step_t[1] + 0.06, "model", {"flops_per_step": per_step, "flops_counted_at": step_t[1]}))
+    if profile and steps >= 20:
+        at = max(1, steps - 200)
+        timed.append((step_t[at] + 1e-4, "event", {"kind": "profile_started", "reason": "on demand", "steps": 5,
+                                                   "t": round(step_t[at], 6)}))
+        timed.append((step_t[at] + 2e-4, "event", {"kind": "window_started", "what": "profile", "t": round(step_t[at], 6)}))
+        done = step_t[min(steps, at + 5)]
+        timed.append((done + 1e-4, "event", {"kind": "window_stopped", "what": "profile", "t": round(done, 6)}))
+        timed.append((done + 0.2, "profile", profile_msg(run_dir, gpu, at, done + 0.2)))
+    if capturing and steps:
+        timed.append((end - 1e-4, "event", {"kind": "profile_started", "reason": "on demand", "steps": 5,
+                                            "t": round(end, 6)}))
+    timed.sort(key=lambda x: x[0])
+    lines = [protocol.encode(protocol.message("hello", seq=1, **hello))]
+    for seq, (_, type_, fields) in enumerate(timed, 2):
+        lines.append(protocol.encode(protocol.message(type_, seq=seq, **fields)))
+    seq = len(lines)
     if exit == "ok":
-        lines.append(msg("event", kind="exit", code=0, t=round(t + 0.4, 6), agent_errors={}))
+        lines.append(protocol.encode(protocol.message(
+            "event", seq=seq + 1, kind="exit", code=0, t=round(end + 0.4, 6), agent_errors={})))
         log.append("training done")
     elif exit == "failed":
-        lines.append(msg(
-            "event", kind="exit", code=1, exception="ValueError: boom", traceback=TRACEBACK,
-            t=round(t + 0.4, 6), agent_errors={},
-        ))
+        lines.append(protocol.encode(protocol.message(
+            "event", seq=seq + 1, kind="exit", code=1, exception="ValueError: boom", traceback=TRACEBACK,
+            t=round(end + 0.4, 6), agent_errors={},
+        )))
         log.extend(TRACEBACK.rstrip("\n").splitlines())
     (run_dir / "events.jsonl").write_bytes(b"".join(lines))
     if output:

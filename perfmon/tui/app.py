@@ -14,6 +14,7 @@ key footer. Which panels a view shows is CSS (``#body.-<view>``), with the scree
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer
 
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from perfmon.sources import Source
 
 COALESCE_S = 0.5
+OUTPUT_S = 1.0  # new output lines at most this often: each write lays the screen out again
 TICK_S = 1.0
 LOG_POLL_S = 0.25
 
@@ -54,28 +57,43 @@ NOT_CONNECTED = "not connected: replay/finished run"
 VIEW_GROUP = Binding.Group("view", compact=True)
 #: Commands to the agent: key -> (command name, footer label, help line).
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "p": ("profile", "Profile", "profile: capture a profiler window at the next step (ops view)"),
+    "p": ("profile", "Profile", "profiler window at the next step (ops view)"),
     "c": ("empty_cache", "Free cache", "empty the CUDA caching allocator's cache"),
-    "f": ("count_flops", "FLOPs", "count one step's FLOPs (for MFU, model view)"),
-    "m": ("memory_snapshot", "Mem snapshot", "save a CUDA memory snapshot (pytorch.org/memory_viz)"),
-    "e": ("export", "Export", "export the last profiler window's top ops to a file"),
+    "f": ("count_flops", "FLOPs", "count one step's FLOPs (MFU, model view)"),
+    "m": ("memory_snapshot", "Mem snapshot", "save a CUDA memory snapshot"),
+    "e": ("export", "Export", "export the last window's top ops to a file"),
 }
 #: The dashboard's keys. To add one: a Binding here (the tooltip is its help line) and an ``action_*``.
 KEYS: list[Binding] = [
     Binding("q", "request_quit", "Quit", tooltip="quit (asks first if the job runs)"),
     Binding("ctrl+c", "request_quit", "Quit", show=False, priority=True, tooltip="same as q"),
     Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True, tooltip="same as q"),
-    Binding("d", "detach", "Detach", tooltip="detach: exit and leave the job running"),
-    *(Binding(str(i), f"view('{view}')", label, group=VIEW_GROUP, tooltip=f"views: {label}")
+    Binding("d", "detach", "Detach", tooltip="detach: exit, leave the job running"),
+    *(Binding(str(i), f"view('{view}')", "View", show=i == 1, key_display=f"1-{len(VIEWS)}" if i == 1 else None,
+              group=VIEW_GROUP, tooltip=f"views: {label}")
       for i, (view, label) in enumerate(VIEWS, 1)),
     *(Binding(key, f"command('{name}')", label, show=key == "p", tooltip=text)
       for key, (name, label, text) in COMMANDS.items()),
-    Binding("s", "cycle_sort", "Sort", tooltip="ops view: sort by " + ", ".join(s for s, _ in SORTS)),
+    Binding("s", "cycle_sort", "Sort", tooltip="ops view: sort by self, total, calls, FLOPs"),
     Binding("t", "cycle_span", "Span", tooltip="chart span: " + ", ".join(s for s, _ in SPANS)),
     Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
 ]
-SCROLL_HELP = ("↑ ↓ PgUp PgDn Home End", "scroll the output; in findings: move")
-ENTER_HELP = ("Enter", "findings view: open or close a finding (evidence and fix)")
+SCROLL_HELP = ("↑↓ PgUp PgDn Home End", "scroll the output, move in findings")
+ENTER_HELP = ("Enter", "findings: open or close evidence and fix")
+
+
+def _while_composed(method: Callable[..., None]) -> Callable[..., None]:
+    """A handler that draws: a no-op once the screen's widgets are gone (a message late in shutdown)."""
+
+    @functools.wraps(method)
+    def wrapper(self: PerfmonApp, *args: object) -> None:
+        try:
+            method(self, *args)
+        except NoMatches:
+            if self.is_running and not self._bg_stop.is_set():
+                raise
+
+    return wrapper
 
 
 class TrainingProcessLike(Protocol):
@@ -209,6 +227,7 @@ class PerfmonApp(App[None]):
         self._stop_background()
 
     # -- data -> widgets --------------------------------------------------------------------
+    @_while_composed
     def refresh_data(self) -> None:
         """Rebuild what the widgets show from the state; unchanged widgets are not redrawn."""
         phases = self.query_one("#phases", PhasesPanel)
@@ -231,6 +250,7 @@ class PerfmonApp(App[None]):
         self.query_one(RunHeader).info = header
         phases.info = info
         self.query_one("#device", DevicePanel).info = device
+        self.query_one("#resources").set_class(device.no_gpu is not None, "-no-gpu")
         self.query_one("#host", HostPanel).info = host
         self.query_one("#model", ModelPanel).info = model
         ops.info = ops_info
@@ -252,11 +272,13 @@ class PerfmonApp(App[None]):
             return replace(info, mode=f"{info.mode} · {self.stream_error}".strip(" ·"))
         return info
 
+    @_while_composed
     def _flush(self) -> None:
         """Catch data that arrived after the pump's last post (the pump posts on a leading edge)."""
         if self._dirty:
             self.refresh_data()
 
+    @_while_composed
     def _tick(self) -> None:
         """Once a second: the rules, the elapsed time of a running job and the profiler window's age."""
         if not self.stream_ended:
@@ -270,6 +292,7 @@ class PerfmonApp(App[None]):
                 self.query_one(RunHeader).info = header
             ops.info = ops_info
 
+    @_while_composed
     def update_findings(self) -> None:
         """Run the rules: the engine (hysteresis) while the stream goes on, one final evaluation at its end."""
         cfg = self.engine.cfg
@@ -335,6 +358,7 @@ class PerfmonApp(App[None]):
         self.process_ended = True
         self.refresh_data()
 
+    @_while_composed
     def on_output_lines(self, message: OutputLines) -> None:
         self.query_one(LogPanel).add_lines(message.lines)
 
@@ -373,7 +397,7 @@ class PerfmonApp(App[None]):
 
     @work(thread=True, exit_on_error=False, group="output")
     def _tail_output(self) -> None:
-        """Poll ``RUN/output.log`` 4 times a second; post new complete lines at most every COALESCE_S.
+        """Poll ``RUN/output.log`` 4 times a second; post new complete lines at most every OUTPUT_S.
 
         Ends once the job is over and the file is read to its end.
         """
@@ -393,7 +417,7 @@ class PerfmonApp(App[None]):
             if ended and not lines:
                 pending.extend(tail.flush())
             now = time.monotonic()
-            if pending and (ended or now - last_post >= COALESCE_S):
+            if pending and (ended or now - last_post >= OUTPUT_S):
                 self.post_message(OutputLines(pending[-MAX_LINES:]))
                 pending, last_post = [], now
             if ended and not lines:
@@ -505,9 +529,8 @@ class PerfmonApp(App[None]):
         seen: dict[str, tuple[list[str], str]] = {}
         for binding in KEYS:
             if binding.group is VIEW_GROUP:
-                keys, _ = seen.setdefault("views", ([], "views: " + ", ".join(
-                    f"{i} {label}" for i, (_, label) in enumerate(VIEWS, 1))))
-                keys[:] = [f"1–{len(VIEWS)}"]
+                keys, _ = seen.setdefault("views", ([], ", ".join(label for _, label in VIEWS)))
+                keys[:] = [f"1 … {len(VIEWS)}"]
                 continue
             keys, text = seen.setdefault(binding.action, ([], binding.tooltip or binding.description))
             keys.append(binding.key_display or binding.key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,11 +12,11 @@ from rich.style import Style
 from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.phases import SPANS, resample, spark_rows, stacked_bar
+from perfmon.tui.widgets.styled import StyledWidget
 
 LABEL_W = 6
 Num = float | None
@@ -161,10 +162,10 @@ class DeviceView:
             line.append(glyph[key] * n, st[key])
         return line
 
-    def util_line(self, gpu: GpuRow, width: int) -> Text:
+    def util_line(self, gpu: GpuRow, width: int, prefix: str = "") -> Text:
         st, info = self.styles, self.info
         assert info is not None
-        line = Text("util".ljust(LABEL_W), st["label"], no_wrap=True)
+        line = Text(prefix, st["label"], no_wrap=True).append("util".ljust(LABEL_W), st["label"])
         line.append(fmt.pct(gpu.util).rjust(4), st["value"]).append("  ")
         suffix = f"  {info.span}" if info.span == "whole run" else f"  last {info.span}"
         room = width - line.cell_len - len(suffix)
@@ -184,27 +185,24 @@ class DeviceView:
 
     def cuda_line(self, cuda: CudaMem, line: Text | None = None) -> Text:
         st = self.styles
-        line = line if line is not None else Text("peak".ljust(LABEL_W), st["label"], no_wrap=True)
-        pieces = [
-            ("alloc ", fmt.nbytes(cuda.peak_allocated)), ("reserved ", fmt.nbytes(cuda.peak_reserved)),
-            ("frag ", fmt.nbytes(cuda.fragmentation)),
-            ("retries ", fmt.num(cuda.retries)), ("OOMs ", fmt.num(cuda.ooms)),
-        ]
-        for i, (label, value) in enumerate(pieces):
-            bad = label in ("retries ", "OOMs ") and value not in ("0", fmt.NA)
-            line.append(" · " if i else "", st["label"]).append(label, st["label"])
-            line.append(value, st["bad"] if bad else st["value"])
+        line = line if line is not None else Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
+        line.append("peak alloc ", st["label"]).append(fmt.nbytes(cuda.peak_allocated), st["value"])
+        line.append(" · reserved ", st["label"]).append(fmt.nbytes(cuda.peak_reserved), st["value"])
+        for label, value in ((" · retries ", cuda.retries), (" · OOMs ", cuda.ooms)):
+            line.append(label, st["label"]).append(fmt.num(value), st["bad"] if value else st["value"])
         return line
 
     def single(self, gpu: GpuRow, cuda: CudaMem | None, width: int) -> list[Text]:
         st = self.styles
         head = Text(no_wrap=True, overflow="ellipsis")
-        head.append(f"{gpu.label} ", st["label"]).append(gpu.name, st["name"])
-        throttle = self.throttle_text(gpu)
-        if throttle.cell_len and head.cell_len + 2 + throttle.cell_len <= width:
-            head.append(" " * (width - head.cell_len - throttle.cell_len)).append_text(throttle)
-        elif throttle.cell_len:
-            head = Text(no_wrap=True, overflow="ellipsis").append(f"{gpu.label} ", st["label"]).append_text(throttle)
+        for name, short in ((gpu.name, False), (gpu.name, True), (gpu.short_name, True)):
+            head = Text(no_wrap=True, overflow="ellipsis")
+            head.append(f"{gpu.label} ", st["label"]).append(name, st["name"])
+            throttle = self.throttle_text(gpu, short)
+            if head.cell_len + 2 + throttle.cell_len <= width:
+                break
+        if throttle.cell_len:
+            head.append(" " * max(2, width - head.cell_len - throttle.cell_len)).append_text(throttle)
         lines = [head, self.util_line(gpu, width)]
         total = f" {fmt.gib(gpu.used)}/{fmt.gib(gpu.total)} GiB"
         mem = Text("mem".ljust(LABEL_W), st["label"], no_wrap=True)
@@ -212,30 +210,30 @@ class DeviceView:
         lines.append(mem.append(total, st["value"]))
         legend = Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
         if cuda is not None:
-            legend.append("█ ", st["alloc"]).append("allocated ", st["label"]).append(fmt.nbytes(cuda.allocated), st["value"])
+            other = (gpu.used - cuda.reserved) if gpu.used is not None and cuda.reserved is not None else None
+            legend.append("█ ", st["alloc"]).append("alloc ", st["label"]).append(fmt.nbytes(cuda.allocated), st["value"])
             legend.append("  ▓ ", st["reserved"]).append("reserved ", st["label"]).append(fmt.nbytes(cuda.reserved), st["value"])
+            legend.append("  ▒ ", st["other"]).append("other ", st["label"]).append(fmt.nbytes(max(0.0, other or 0.0)), st["value"])
+            lines += [legend, self.cuda_line(cuda)]
         else:
             legend.append("▒ ", st["other"]).append("used ", st["label"]).append(fmt.nbytes(gpu.used), st["value"])
-        if gpu.proc is not None:
-            legend.append("  · this process ", st["label"]).append(fmt.nbytes(gpu.proc), st["value"])
-        lines.append(legend)
+            legend.append("  ░ ", st["free"]).append("free ", st["label"])
+            free = gpu.total - gpu.used if gpu.total is not None and gpu.used is not None else None
+            lines.append(legend.append(fmt.nbytes(free), st["value"]))
         power = Text("power".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
-        power.append(f"{fmt.num(gpu.power)}/{fmt.num(gpu.power_limit)} W", st["value"])
+        power.append(of(gpu.power, gpu.power_limit, " W"), st["value"])
         power.append(" · temp ", st["label"]).append(fmt.num(gpu.temp, "°C"), st["value"])
-        power.append(" · SM ", st["label"]).append(f"{fmt.num(gpu.clock)}/{fmt.num(gpu.clock_max)} MHz", st["value"])
-        power.append(" · mem io ", st["label"]).append(fmt.pct(gpu.util_mem), st["value"])
-        power.append(" · PCIe ", st["label"])
-        power.append(f"↓{pcie(gpu.pcie_rx)} ↑{pcie(gpu.pcie_tx)}", st["value"])
-        lines.append(power)
-        if cuda is not None:
-            lines.append(self.cuda_line(cuda))
-        return lines
+        power.append(" · SM ", st["label"]).append(of(gpu.clock, gpu.clock_max, " MHz"), st["value"])
+        io = Text("PCIe".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
+        io.append(f"↓{pcie(gpu.pcie_rx)} ↑{pcie(gpu.pcie_tx)}", st["value"])
+        io.append(" · mem io ", st["label"]).append(fmt.pct(gpu.util_mem), st["value"])
+        io.append(" · this process ", st["label"]).append(fmt.nbytes(gpu.proc), st["value"])
+        return [*lines, power, io]
 
     def several(self, gpus: tuple[GpuRow, ...], cuda: CudaMem | None, width: int) -> list[Text]:
         st = self.styles
         name_w = max(4, min(18, max(len(g.short_name) for g in gpus)))
-        lines = [self.util_line(gpus[0], width)]
-        lines[0] = Text(f"{gpus[0].label} ", st["label"], no_wrap=True).append_text(lines[0])
+        lines = [self.util_line(gpus[0], width, prefix=f"{gpus[0].label} ")]
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(f"{'#':<2} {'name':<{name_w}} {'util':>4}  {'memory GiB':<24}  {'power W':>9} {'temp':>5} {'SM MHz':>6}",
                     st["heading"])
@@ -247,7 +245,7 @@ class DeviceView:
             row.append(fmt.pct(g.util).rjust(4), st["value"]).append("  ")
             row.append_text(self.mem_bar(g.used, g.total, cuda if g is gpus[0] else None, 10))
             row.append(f" {fmt.gib(g.used)}/{fmt.gib(g.total)}".ljust(14), st["value"])
-            row.append(f"{fmt.num(g.power)}/{fmt.num(g.power_limit)}".rjust(9), st["value"])
+            row.append(of(g.power, g.power_limit).rjust(9), st["value"])
             row.append(fmt.num(g.temp, "°C").rjust(6), st["value"])
             row.append(fmt.num(g.clock).rjust(7), st["value"])
             throttle = self.throttle_text(g, short=True)
@@ -257,7 +255,7 @@ class DeviceView:
         if cuda is not None:
             line = Text("allocator ", st["label"], no_wrap=True, overflow="ellipsis")
             line.append(fmt.nbytes(cuda.allocated), st["value"]).append(" allocated · ", st["label"])
-            line.append(fmt.nbytes(cuda.reserved), st["value"]).append(" reserved · peak ", st["label"])
+            line.append(fmt.nbytes(cuda.reserved), st["value"]).append(" reserved · ", st["label"])
             lines.append(self.cuda_line(cuda, line))
         return lines
 
@@ -267,7 +265,8 @@ class DeviceView:
             return [Text("waiting for device telemetry…", st["label"])]
         if not info.gpus:
             assert info.no_gpu is not None
-            return [Text(no_gpu_text(info.no_gpu), st["warn"], no_wrap=True, overflow="ellipsis")]
+            return [Text(part, st["warn"], no_wrap=True, overflow="ellipsis")
+                    for part in textwrap.wrap(no_gpu_text(info.no_gpu), max(20, width)) or [""]]
         if len(info.gpus) == 1:
             return self.single(info.gpus[0], info.cuda, width)
         return self.several(info.gpus, info.cuda, width)
@@ -280,6 +279,13 @@ class DeviceView:
             yield Segment.line()
 
 
+def of(value: Num, limit: Num, unit: str = "") -> str:
+    """``412/700 W``; ``412 W`` without a limit; "n/a" when the value is unknown."""
+    if value is None:
+        return fmt.NA
+    return f"{fmt.num(value)}/{fmt.num(limit)}{unit}" if limit is not None else f"{fmt.num(value)}{unit}"
+
+
 def pcie(kbs: Num) -> str:
     """NVML PCIe throughput (KB/s) as MB/s or GB/s."""
     if kbs is None:
@@ -288,7 +294,15 @@ def pcie(kbs: Num) -> str:
     return f"{mbs / 1000.0:.1f} GB/s" if mbs >= 1000 else f"{mbs:.0f} MB/s"
 
 
-class DevicePanel(Widget):
+def relayout_on_height(widget: Any) -> None:
+    """After ``info`` changed: a new layout only when the panel's number of lines changed."""
+    lines = len(widget._view().lines(widget.content_size.width or 80))
+    if lines != widget._lines:
+        widget._lines = lines
+        widget.refresh(layout=True)
+
+
+class DevicePanel(StyledWidget):
     """GPU telemetry; ``info`` is its state."""
 
     COMPONENT_CLASSES = {
@@ -297,9 +311,13 @@ class DevicePanel(Widget):
     }
 
     info: reactive[DeviceInfo | None] = reactive(None)
+    _lines = 0
+
+    def watch_info(self) -> None:
+        relayout_on_height(self)
 
     def _view(self) -> DeviceView:
-        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        styles = self.component_styles()
         return DeviceView(self.info, styles)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:

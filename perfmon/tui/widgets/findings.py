@@ -21,6 +21,7 @@ from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
 
 from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.styled import StyledWidget
 
 MARKS = {"critical": "▲", "warn": "▲", "info": "●"}
 WAITING = "no findings yet: the rules need a few steps past warm-up"
@@ -92,7 +93,8 @@ def badge(info: FindingsInfo | None) -> tuple[str, str]:
 
 
 def _styles(widget: Widget, classes: set[str]) -> dict[str, Style]:
-    return {name.split("--", 1)[1]: widget.get_component_rich_style(name) for name in classes}
+    # partial: no background of their own, so the list's highlight shows through
+    return {name.split("--", 1)[1]: widget.get_component_rich_style(name, partial=True) for name in classes}
 
 
 def headline(row: FindingRow, st: dict[str, Style], open_: bool | None = None) -> Text:
@@ -100,7 +102,7 @@ def headline(row: FindingRow, st: dict[str, Style], open_: bool | None = None) -
     line = Text(no_wrap=False)
     if open_ is not None:
         line.append("▾ " if open_ else "▸ ", st["muted"])
-    line.append(f"{MARKS.get(row.severity, '●')} {row.severity:<8} ", st.get(row.severity, st["value"]))
+    line.append(f"{MARKS.get(row.severity, '●')} {row.severity:<9}", st.get(row.severity, st["value"]))
     line.append(row.title, st["value"])
     return line
 
@@ -145,8 +147,17 @@ class FindingsPanel(Vertical):
     def list(self) -> FindingsList:
         return self.query_one(FindingsList)
 
+    _panel_styles: dict[str, Style] | None = None
+    _empty_words = WAITING
+
+    def notify_style_update(self) -> None:
+        self._panel_styles = None
+        super().notify_style_update()
+
     def prompt(self, row: FindingRow) -> Group | Text:
-        st = _styles(self, self.COMPONENT_CLASSES)
+        if self._panel_styles is None:
+            self._panel_styles = _styles(self, self.COMPONENT_CLASSES)
+        st = self._panel_styles
         open_ = row.id in self.expanded
         head = headline(row, st, open_)
         return Group(head, details(row, st)) if open_ else head
@@ -154,7 +165,10 @@ class FindingsPanel(Vertical):
     def watch_info(self, info: FindingsInfo | None) -> None:
         rows = info.rows if info else ()
         empty = self.query_one("#findings-empty", Static)
-        empty.update(WAITING if info is None or not info.evaluated else NONE)
+        words = WAITING if info is None or not info.evaluated else NONE
+        if words != self._empty_words:  # an update lays the screen out again: only on change
+            self._empty_words = words
+            empty.update(words)
         self.set_class(not rows, "-empty")
         options = self.list
         ids = [r.id for r in rows]
@@ -203,17 +217,22 @@ class FindingsSummaryView:
             yield Segment.line()
 
 
-class FindingsSummary(Widget):
+class FindingsSummary(StyledWidget):
     """The overview's findings strip; ``info`` is its state."""
 
     COMPONENT_CLASSES = FindingsPanel.COMPONENT_CLASSES
+    PARTIAL_STYLES = True
 
     MAX_LINES = 3
 
     info: reactive[FindingsInfo | None] = reactive(None)
 
+    def watch_info(self, old: FindingsInfo | None, new: FindingsInfo | None) -> None:
+        if self.get_content_height(Size(), Size(), 0) != max(1, min(self.MAX_LINES, len(old.rows) if old else 0)):
+            self.refresh(layout=True)
+
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return max(1, min(self.MAX_LINES, len(self.info.rows) if self.info else 0))
 
     def render(self) -> FindingsSummaryView:
-        return FindingsSummaryView(self.info, _styles(self, self.COMPONENT_CLASSES), self.MAX_LINES)
+        return FindingsSummaryView(self.info, self.component_styles(), self.MAX_LINES)

@@ -66,14 +66,14 @@ def _num3(value: float) -> str:
     return f"{value:.2f}" if value < 9.995 else f"{value:.1f}" if value < 99.95 else f"{value:.0f}"
 
 
-def nbytes(value: float | None, unit: bool = True) -> str:
-    """Bytes in binary units: ``61.2 GiB``, ``512 MiB``, ``0 B``; "n/a" for unknown."""
+def nbytes(value: float | None, short: bool = False) -> str:
+    """Bytes in binary units: ``61.2 GiB``, ``512 MiB``, ``0 B`` (``short``: ``61.2G``); "n/a" for unknown."""
     if not isinstance(value, int | float):
         return NA
     for size, name in _BINARY:
         if abs(value) >= size * 0.9995:
-            return f"{_num3(value / size)} {name}" if unit else _num3(value / size)
-    return f"{value:.0f} B" if unit else f"{value:.0f}"
+            return f"{_num3(value / size)}{name[0]}" if short else f"{_num3(value / size)} {name}"
+    return f"{value:.0f}B" if short else f"{value:.0f} B"
 
 
 def gib(value: float | None) -> str:
@@ -104,7 +104,7 @@ def num(value: float | None, unit: str = "", digits: int = 0) -> str:
     """A plain number with an optional unit: ``412 W``, ``71°C``; "n/a" for unknown."""
     if not isinstance(value, int | float):
         return NA
-    return f"{value:,.{digits}f}{unit}"
+    return f"{value:,.{digits}f}{unit}" if abs(value) >= 10_000 else f"{value:.{digits}f}{unit}"
 
 
 def ago(seconds: float) -> str:
@@ -116,3 +116,11 @@ def ago(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min ago"
     return f"{seconds / 3600:.0f} h ago"
+
+
+def flops_rate(value: float | None) -> str:
+    """FLOP/s: ``286 TFLOP/s``, ``11.5 GFLOP/s``; "n/a" for unknown."""
+    if not isinstance(value, int | float) or not value:
+        return NA
+    text = si(value)
+    return f"{text[:-1]} {text[-1]}FLOP/s" if text[-1].isalpha() else f"{text} FLOP/s"

@@ -12,11 +12,11 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.findings import FindingsInfo, badge
+from perfmon.tui.widgets.styled import StyledWidget
 
 CPU_ONLY = "CPU only — no GPU"
 Pieces = tuple[tuple[str, str], ...]  # (text, style name)
@@ -35,6 +35,7 @@ def vitals(state: RunState) -> Pieces:
             out.append((" │ ", "label"))
 
     gpus = state.gpus
+    power: list[tuple[str, str]] = []  # last: the first to go on a narrow terminal
     if gpus:
         utils = [u for u in (_n(g.get("util_gpu")) for g in gpus) if u is not None]
         used = [u for u in (_n(g.get("mem_used_bytes")) for g in gpus) if u is not None]
@@ -44,12 +45,11 @@ def vitals(state: RunState) -> Pieces:
                 (" mem ", "label"),
                 (f"{fmt.gib(sum(used)) if used else fmt.NA}/{fmt.gib(sum(total)) if total else fmt.NA}G", "value")]
         g0 = gpus[0]
-        if len(gpus) == 1:
-            out += [(" ", "label"), (fmt.num(_n(g0.get("power_w")), "W"), "value"),
-                    (" ", "label"), (fmt.num(_n(g0.get("temp_c")), "°C"), "value")]
-        throttled = sorted({str(r) for g in gpus for r in g.get("throttled") or ()})
-        if throttled:
-            out.append((" ⚠ " + ",".join(throttled), "warn"))
+        if any(g.get("throttled") for g in gpus):
+            out.append((" ⚠ throttled", "warn"))
+        watts, temp = _n(g0.get("power_w")), _n(g0.get("temp_c"))
+        if len(gpus) == 1 and (watts is not None or temp is not None):
+            power = [("", ""), (fmt.num(watts, "W"), "value"), (" ", "label"), (fmt.num(temp, "°C"), "value")]
     elif state.samples_seen or "gpu_reason" in state.meta:
         out.append(("no GPU", "cpu"))
     stats = state.phase_stats(recent=True)
@@ -63,12 +63,15 @@ def vitals(state: RunState) -> Pieces:
         out += [("MFU ", "label"), (fmt.share(flops["mfu"]), "value")]
     elif flops.get("achieved_flops"):
         sep()
-        out += [(f"{fmt.si(flops['achieved_flops'])}FLOP/s", "value")]
+        out += [(fmt.flops_rate(flops["achieved_flops"]), "value")]
     host = state.host or {}
     if host:
         sep()
         out += [("CPU ", "label"), (fmt.pct(_n(host.get("cpu_percent"))), "value"),
-                (" RSS ", "label"), (fmt.nbytes(_n(host.get("rss_bytes"))), "value")]
+                (" RSS ", "label"), (fmt.nbytes(_n(host.get("rss_bytes")), short=True), "value")]
+    if power:
+        sep()
+        out += power[1:]
     return tuple(out)
 
 
@@ -165,11 +168,11 @@ class HeaderView:
             return
         marker = {"running": "●", "ok": "✔", "failed": "✘", "ended": "■"}[info.kind]
         line2 = Text()
-        for label, value in (
+        for i, (label, value) in enumerate((
             ("step", info.step), ("steps/s", info.steps_s), ("samples/s", info.samples_s),
             ("elapsed", info.elapsed),
-        ):
-            line2.append(f"{label} ", st["label"]).append(value, st["value"]).append("  ")
+        )):
+            line2.append("  " if i else "").append(f"{label} ", st["label"]).append(value, st["value"])
         line3 = Text()
         line3.append("pid ", st["label"]).append(info.pid, st["value"])
         if info.device:
@@ -180,6 +183,12 @@ class HeaderView:
         for text, style in info.vitals:
             line4.append(text, st[style])
         badge_text = Text(info.badge, style=st.get(info.badge_kind, st["label"]))
+        room = options.max_width - line2.cell_len - 2
+        if badge_text.cell_len > room and ": " in info.badge:  # narrow: the marker and colour tell the severity
+            mark, rest = info.badge.split(" ", 1)
+            short = f"{mark} {rest.split(': ', 1)[1]}"
+            badge_text = Text(short if len(short) <= room else short.rsplit(" +", 1)[0],
+                              style=st.get(info.badge_kind, st["label"]))
         for left, right in (
             (Text(info.command, style=st["command"]), Text(f"{marker} {info.status}", style=st[info.kind])),
             (line2, badge_text),
@@ -193,7 +202,7 @@ class HeaderView:
             yield grid
 
 
-class RunHeader(Widget):
+class RunHeader(StyledWidget):
     """The top lines of the dashboard."""
 
     COMPONENT_CLASSES = {
@@ -205,5 +214,5 @@ class RunHeader(Widget):
     info: reactive[HeaderInfo | None] = reactive(None)
 
     def render(self) -> HeaderView:
-        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        styles = self.component_styles()
         return HeaderView(self.info, styles)

@@ -10,12 +10,12 @@ from rich.style import Style
 from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
-from perfmon.tui.widgets.device import LABEL_W, Num, number, spark
+from perfmon.tui.widgets.device import LABEL_W, Num, number, relayout_on_height, spark
 from perfmon.tui.widgets.phases import SPANS, stacked_bar
+from perfmon.tui.widgets.styled import StyledWidget
 
 KEYS = (
     "cpu_percent", "rss_bytes", "threads", "workers", "workers_cpu_percent", "workers_rss_bytes",
@@ -74,17 +74,18 @@ class HostView:
         system = Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
         system.append("system ", st["label"]).append(fmt.pct(g("system_cpu_percent")), st["value"])
         system.append(f" of {fmt.num(cpus)} CPUs · load ", st["label"]).append(fmt.num(g("load1"), digits=2), st["value"])
-        system.append(" · threads ", st["label"]).append(fmt.num(g("threads")), st["value"])
-        system.append(" · read ", st["label"]).append(rate_bytes(g("io_read_bps")), st["value"])
         rss = Text("RSS".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
         rss.append("trainer ", st["label"]).append(fmt.nbytes(g("rss_bytes")), st["value"])
-        rss.append(" (peak ", st["label"]).append(fmt.nbytes(info.peak_rss), st["value"]).append(")", st["label"])
+        rss.append(" · peak ", st["label"]).append(fmt.nbytes(info.peak_rss), st["value"])
+        rss.append(" · threads ", st["label"]).append(fmt.num(g("threads")), st["value"])
         workers = g("workers")
+        loader = Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
         if workers:
-            rss.append(f" · {workers:.0f} workers ", st["label"]).append(fmt.nbytes(g("workers_rss_bytes")), st["value"])
-            rss.append(", CPU ", st["label"]).append(fmt.pct(g("workers_cpu_percent")), st["value"])
-        elif workers == 0:
-            rss.append(" · no DataLoader workers", st["label"])
+            loader.append(f"{workers:.0f} workers ", st["label"]).append(fmt.nbytes(g("workers_rss_bytes")), st["value"])
+            loader.append(" · CPU ", st["label"]).append(fmt.pct(g("workers_cpu_percent")), st["value"])
+        else:
+            loader.append("no DataLoader workers" if workers == 0 else "workers n/a", st["label"])
+        loader.append(" · read ", st["label"]).append(rate_bytes(g("io_read_bps")), st["value"])
         used, total, avail = g("mem_used_bytes"), g("mem_total_bytes"), g("mem_available_bytes")
         ram = Text("RAM".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
         tail = Text(no_wrap=True)
@@ -98,7 +99,7 @@ class HostView:
             for key, n in stacked_bar(parts, bar_w):
                 ram.append({"trainer": "█", "used": "▒", "free": "░"}[key] * n, st[key])
         ram.append_text(tail)
-        return [cpu, system, rss, ram]
+        return [cpu, system, rss, loader, ram]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
@@ -112,7 +113,7 @@ def rate_bytes(bps: Num) -> str:
     return fmt.NA if bps is None else f"{fmt.nbytes(bps)}/s"
 
 
-class HostPanel(Widget):
+class HostPanel(StyledWidget):
     """Host telemetry; ``info`` is its state."""
 
     COMPONENT_CLASSES = {
@@ -120,9 +121,13 @@ class HostPanel(Widget):
     }
 
     info: reactive[HostInfo | None] = reactive(None)
+    _lines = 0
+
+    def watch_info(self) -> None:
+        relayout_on_height(self)
 
     def _view(self) -> HostView:
-        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        styles = self.component_styles()
         return HostView(self.info, styles)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:

@@ -97,9 +97,21 @@ class LogPanel(Vertical):
     def log_widget(self) -> Log:
         return self.query_one("#output", Log)
 
+    following = True  # the view shows the tail (cleared when lines come while the user looks further up)
+
     def add_lines(self, lines: Iterable[str]) -> None:
         """Append complete lines of output."""
-        self.log_widget.write_lines([clean_line(line) for line in lines])
+        log = self.log_widget
+        self.following = log.is_vertical_scroll_end
+        log.write_lines([clean_line(line) for line in lines])
+
+    def on_resize(self) -> None:
+        """Panels above appeared or the view changed: a log that followed its tail keeps following it."""
+        if self.following:
+            self.call_after_refresh(self._follow_tail)
+
+    def _follow_tail(self) -> None:
+        self.log_widget.scroll_end(animate=False, immediate=True, x_axis=False)
 
     def _update_banner(self) -> None:
         banner = self.query_one("#exception", Static)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,12 +12,12 @@ from rich.style import Style
 from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
-from perfmon.tui.widgets.device import Num, number
+from perfmon.tui.widgets.device import Num, number, relayout_on_height
 from perfmon.tui.widgets.phases import stacked_bar
+from perfmon.tui.widgets.styled import StyledWidget
 
 LABEL_W = 9
 BUDGET_KEYS = ("static_bytes", "peak_bytes", "activation_bytes", "per_sample_bytes", "batch", "max_batch",
@@ -104,6 +105,13 @@ class ModelView:
     def row(self, label: str) -> Text:
         return Text(label.ljust(LABEL_W), self.styles["label"], no_wrap=True, overflow="ellipsis")
 
+    def wrapped(self, first: Text, text: str, width: int) -> list[Text]:
+        """``text`` (muted) after ``first``'s label, wrapped under it."""
+        parts = textwrap.wrap(text, max(20, width - LABEL_W)) or [""]
+        lines = [first.append(parts[0], self.styles["muted"])]
+        lines += [self.row("").append(part, self.styles["muted"]) for part in parts[1:]]
+        return lines
+
     def pairs(self, line: Text, items: list[tuple[str, str]]) -> Text:
         st = self.styles
         for i, (label, value) in enumerate(items):
@@ -120,21 +128,25 @@ class ModelView:
         b = info.b
         line = self.row("budget")
         if b("peak_bytes") is None:
-            return [line.append(f"n/a: {info.budget_reason or 'waiting for allocator statistics'}", st["muted"])]
+            return self.wrapped(line, f"n/a: {info.budget_reason or 'waiting for allocator statistics'}", width)
         items = [("peak", fmt.nbytes(b("peak_bytes"))), ("activations", fmt.nbytes(b("activation_bytes")))]
         if b("per_sample_bytes") is not None:
             items.append(("", f"{fmt.nbytes(b('per_sample_bytes'))}/sample"))
         self.pairs(line, items)
+        lines = [line]
+        fits = self.row("")
         if b("batch") is not None:
-            line.append(" · batch ", st["label"]).append(fmt.num(b("batch")), st["value"])
+            fits.append("batch ", st["label"]).append(fmt.num(b("batch")), st["value"])
             if b("max_batch") is not None:
-                line.append(" → fits ≈", st["label"]).append(fmt.num(b("max_batch")), st["good"])
+                fits.append(" → the largest that fits ≈", st["label"]).append(fmt.num(b("max_batch")), st["good"])
         margin = b("margin")
         if margin is not None:
-            line.append(" · margin ", st["label"]).append(fmt.share(margin), st["bad"] if margin < 0.1 else st["value"])
-        lines = [line]
+            fits.append(" · " if b("batch") is not None else "", st["label"])
+            fits.append("margin ", st["label"]).append(fmt.share(margin), st["bad"] if margin < 0.1 else st["value"])
+        if fits.cell_len > LABEL_W:
+            lines.append(fits)
         if info.budget_reason:
-            lines.append(self.row("").append(info.budget_reason, st["muted"]))
+            lines += self.wrapped(self.row(""), info.budget_reason, width)
         capacity, static, peak = b("capacity_bytes"), b("static_bytes"), b("peak_bytes")
         legend = Text(no_wrap=True)
         legend.append(" █", st["static"]).append(" static ", st["label"]).append("▓", st["activation"])
@@ -150,35 +162,38 @@ class ModelView:
             lines.append(bar.append_text(legend))
         return lines
 
-    def flops_line(self) -> Text:
+    def flops_lines(self, width: int = 80) -> list[Text]:
         st, info = self.styles, self.info
         assert info is not None
         f = info.f
         line = self.row("FLOPs")
         per_step = f("flops_per_step")
         if per_step is None:
-            return line.append(f"n/a: {info.flops_reason or 'not counted yet'}", st["muted"])
+            return [line.append(f"n/a: {info.flops_reason or 'not counted yet'}", st["muted"])]
         line.append(f"{fmt.si(per_step)}/step", st["value"])
         achieved = f("achieved_flops")
-        line.append(" · achieved ", st["label"]).append(f"{fmt.si(achieved)}FLOP/s" if achieved else fmt.NA, st["value"])
-        if f("peak_tflops"):
-            line.append(" · peak ", st["label"]).append(f"{fmt.si((f('peak_tflops') or 0) * 1e12)}FLOP/s", st["value"])
-            if info.peak_source:
-                line.append(f" ({info.peak_source})", st["label"])
+        line.append(" · achieved ", st["label"]).append(fmt.flops_rate(achieved), st["value"])
         mfu = f("mfu")
         line.append(" · MFU ", st["label"])
         if mfu is not None:
             line.append(fmt.share(mfu), st["good"])
         else:
-            line.append(f"n/a: {info.flops_reason}", st["muted"])
-        return line
+            line.append("n/a", st["muted"])
+        second = self.row("")
+        if f("peak_tflops"):
+            second.append("of peak ", st["label"]).append(fmt.flops_rate((f("peak_tflops") or 0) * 1e12), st["value"])
+            if info.peak_source:
+                second.append(f" ({info.peak_source})", st["label"])
+        elif info.flops_reason:
+            return [line, *self.wrapped(second, info.flops_reason, width)]
+        return [line, second] if second.cell_len > LABEL_W else [line]
 
     def lines(self, width: int) -> list[Text]:
         st, info = self.styles, self.info
         if info is None or not info.has_model:
             lines = [Text("waiting for model facts (they come after the first forward pass)", st["muted"])]
             if info is not None and info.f("flops_per_step") is not None:
-                lines.append(self.flops_line())
+                lines += self.flops_lines(width)
             return lines
         total, trainable, frozen = info.params
         params = self.pairs(self.row("params"), [
@@ -194,7 +209,7 @@ class ModelView:
         static.append(fmt.nbytes(s), st["value"]).append(" = params ", st["label"]).append(fmt.nbytes(p), st["value"])
         static.append(" + grads ", st["label"]).append(fmt.nbytes(g), st["value"])
         static.append(" + optimizer ", st["label"]).append(fmt.nbytes(o), st["value"])
-        lines = [params, modules, static, *self.budget_lines(width), self.flops_line()]
+        lines = [params, modules, static, *self.budget_lines(width), *self.flops_lines(width)]
         if info.loader:
             lines.append(self.row("loader").append(info.loader, st["value"]))
         return lines
@@ -207,7 +222,7 @@ class ModelView:
             yield Segment.line()
 
 
-class ModelPanel(Widget):
+class ModelPanel(StyledWidget):
     """Model facts; ``info`` is its state."""
 
     COMPONENT_CLASSES = {
@@ -216,9 +231,13 @@ class ModelPanel(Widget):
     }
 
     info: reactive[ModelInfo | None] = reactive(None)
+    _lines = 0
+
+    def watch_info(self) -> None:
+        relayout_on_height(self)
 
     def _view(self) -> ModelView:
-        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        styles = self.component_styles()
         return ModelView(self.info, styles)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:

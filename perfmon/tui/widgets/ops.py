@@ -11,17 +11,17 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.device import Num, number
+from perfmon.tui.widgets.styled import StyledWidget
 
 #: Sort orders, cycled by the ``s`` key: (label, op key).
 SORTS: tuple[tuple[str, str], ...] = (("self time", "self_ms"), ("total time", "total_ms"), ("calls", "calls"),
                                       ("FLOPs", "flops"))
 EMPTY = "no profiler window yet — press p"
-NUM_W = 9
+WIDTHS = {"calls": 7, "self_ms": 9, "total_ms": 10, "self_cpu_ms": 8, "share": 7, "flops": 8}
 SHAPES_MIN = 24
 
 
@@ -102,32 +102,35 @@ class OpsView:
         self.styles = styles
         self.height = height
 
-    def title(self) -> Text:
+    def titles(self) -> list[Text]:
+        """The capture marker (while a window is being captured), then what the shown window is."""
         st, info = self.styles, self.info
-        line = Text(no_wrap=True, overflow="ellipsis")
+        lines = []
         if info is not None and info.capturing:
-            line.append("● " + info.capturing, st["capturing"])
-            if info.step is not None:
-                line.append("  last: ", st["label"])
+            lines.append(Text("● " + info.capturing, st["capturing"], no_wrap=True, overflow="ellipsis"))
         if info is None or info.step is None:
-            return line if line.cell_len else line.append(EMPTY, st["label"])
-        line.append("window at step ", st["label"]).append(fmt.count(info.step), st["value"])
-        details = [f"{info.active_steps} active steps" if info.active_steps else None, info.reason, info.device]
-        line.append(" (" + ", ".join(d for d in details if d) + ")", st["label"])
+            return lines or [Text(EMPTY, st["label"])]
+        line = Text(no_wrap=True, overflow="ellipsis")
+        lines.append(line)
+        line.append("last window: " if info.capturing else "window: ", st["label"])
+        line.append("step ", st["label"]).append(fmt.count(info.step), st["value"])
+        details = [f"{info.active_steps} steps" if info.active_steps else None, info.reason, info.device]
+        line.append("".join(f" · {d}" for d in details if d), st["label"])
         if info.age:
             line.append(" · ", st["label"]).append(info.age, st["value"])
-        line.append(" · sort ", st["label"]).append(info.sort, st["sort"]).append(" (s)", st["label"])
-        return line
+        line.append(" · sort: ", st["label"]).append(info.sort, st["sort"]).append(" (s)", st["label"])
+        return lines
 
     def columns(self, width: int) -> tuple[list[tuple[str, str]], int, bool]:
         """(header, op key) of the number columns, the name width, whether shapes fit."""
         assert self.info is not None
         cols = [("calls", "calls"), ("self ms", "self_ms"), ("total ms", "total_ms")]
-        if self.info.device == "cuda":
+        if self.info.device == "cuda" and width >= 100:
             cols.append(("cpu ms", "self_cpu_ms"))
         cols += [("share", "share"), ("FLOPs", "flops")]
-        name_w = max(16, min(44, width - NUM_W * len(cols)))
-        shapes = width - name_w - NUM_W * len(cols) - 2 >= SHAPES_MIN
+        nums = sum(WIDTHS[key] for _, key in cols)
+        name_w = max(16, min(44, width - nums))
+        shapes = width - name_w - nums - 2 >= SHAPES_MIN
         return cols, name_w, shapes
 
     def table(self, width: int, rows_room: int) -> list[Text]:
@@ -138,7 +141,7 @@ class OpsView:
         head = Text("op".ljust(name_w), st["heading"], no_wrap=True)
         for label, key in cols:
             mark = "▼" if key == sort_key else ""
-            head.append((mark + label).rjust(NUM_W), st["sort"] if mark else st["heading"])
+            head.append((mark + label).rjust(WIDTHS[key]), st["sort"] if mark else st["heading"])
         if shapes:
             head.append("  input shapes", st["heading"])
         lines = [head]
@@ -151,7 +154,7 @@ class OpsView:
                 value = getattr(r, key)
                 text = (fmt.count(value) if key == "calls" else fmt.share(value) if key == "share" else
                         (fmt.si(value) if value else fmt.DASH) if key == "flops" else fmt.ms(value))
-                line.append(text.rjust(NUM_W), st["sorted"] if key == sort_key else st["value"])
+                line.append(text.rjust(WIDTHS[key]), st["sorted"] if key == sort_key else st["value"])
             if shapes and r.shapes:
                 line.append("  " + r.shapes, st["label"])
             lines.append(line)
@@ -168,18 +171,18 @@ class OpsView:
                                                             st["value"])
         if info.ops_total is not None:
             line.append(" · ", st["label"]).append(fmt.count(info.ops_total), st["value"]).append(" ops", st["label"])
-        line.append(" · e exports · trace ", st["label"])
+        line.append(" · trace ", st["label"])
         line.append(Path(info.trace).name if info.trace else fmt.NA, st["value"])
         return line
 
     def lines(self, width: int) -> list[Text]:
         info = self.info
-        lines = [self.title()]
+        lines = self.titles()
         if info is None or not info.rows:
             if info is not None and info.step is not None:
                 lines.append(Text("the window recorded no ops", self.styles["label"]))
             return lines
-        room = max(1, self.height - 3)  # title, column heads, footer
+        room = max(1, self.height - len(lines) - 2)  # titles, column heads, footer
         return [*lines, *self.table(width, room), self.footer()]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -190,7 +193,7 @@ class OpsView:
             yield Segment.line()
 
 
-class OpsPanel(Widget):
+class OpsPanel(StyledWidget):
     """Top ops of the last profiler window; ``info`` and ``sort_index`` are its state."""
 
     COMPONENT_CLASSES = {
@@ -205,5 +208,5 @@ class OpsPanel(Widget):
         return SORTS[self.sort_index % len(SORTS)]
 
     def render(self) -> OpsView:
-        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        styles = self.component_styles()
         return OpsView(self.info, styles, self.content_size.height or 24)

@@ -10,11 +10,11 @@ from rich.style import Style
 from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
-from textual.widget import Widget
 
 from perfmon.protocol import ALL_PHASES
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.styled import StyledWidget
 
 #: Sparkline spans, cycled by the ``t`` key: (label, seconds or None for the whole run).
 SPANS: tuple[tuple[str, float | None], ...] = (("1 min", 60.0), ("10 min", 600.0), ("1 h", 3600.0), ("whole run", None))
@@ -209,7 +209,7 @@ class PhasesView:
             yield Segment.line()
 
 
-class PhasesPanel(Widget):
+class PhasesPanel(StyledWidget):
     """Phase timings panel; ``info`` and ``span_index`` are its state."""
 
     COMPONENT_CLASSES = {
@@ -237,5 +237,5 @@ class PhasesPanel(Widget):
         return TABLE_LINES + 1 + chart + (1 if chart > 1 else 0)
 
     def render(self) -> PhasesView:
-        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        styles = self.component_styles()
         return PhasesView(self.info, styles, self.chart_height())

@@ -9,7 +9,8 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
-from textual.widget import Widget
+
+from perfmon.tui.widgets.styled import StyledWidget
 
 #: The views, switched by the keys 1..N: (id, label).
 VIEWS: tuple[tuple[str, str], ...] = (
@@ -59,7 +60,7 @@ class ViewBarView:
         yield grid
 
 
-class ViewBar(Widget):
+class ViewBar(StyledWidget):
     """One line under the header; ``info`` is its state."""
 
     COMPONENT_CLASSES = {
@@ -70,5 +71,5 @@ class ViewBar(Widget):
     info: reactive[ViewBarInfo] = reactive(ViewBarInfo)
 
     def render(self) -> ViewBarView:
-        styles = {name.split("--", 1)[1]: self.get_component_rich_style(name) for name in self.COMPONENT_CLASSES}
+        styles = self.component_styles()
         return ViewBarView(self.info, styles)

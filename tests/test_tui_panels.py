@@ -1,0 +1,572 @@
+"""Pilot tests of the device, host, model, ops and findings panels, the views and the command keys."""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tui_fixtures import (
+    ARGV,
+    H100,
+    NO_GPU_REASON,
+    START,
+    loaded,
+    profile_msg,
+    screen_text,
+    wait_until,
+    write_recording,
+)
+
+from perfmon import protocol
+from perfmon.rules import Config, evaluate_once
+from perfmon.sources import RecordingReader, ReplaySource, Source
+from perfmon.state import RunState
+from perfmon.tui.app import NOT_CONNECTED, PerfmonApp
+from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.device import DevicePanel
+from perfmon.tui.widgets.findings import FindingsPanel, FindingsSummary
+from perfmon.tui.widgets.host import HostPanel
+from perfmon.tui.widgets.logpanel import LogPanel
+from perfmon.tui.widgets.model import ModelPanel
+from perfmon.tui.widgets.ops import EMPTY, SORTS, OpsPanel
+from perfmon.tui.widgets.phases import SPANS, PhasesPanel
+from perfmon.tui.widgets.views import VIEWS
+
+ROOT = Path(__file__).resolve().parent.parent
+CLOCK = START + 150.0
+
+
+def make_app(tmp_path: Path, rules: Config | None = None, **kw: Any) -> PerfmonApp:
+    run_dir = write_recording(tmp_path / "run", **kw)
+    app = PerfmonApp(RunState(), ReplaySource(run_dir), run_dir, rules=rules)
+    app.clock = lambda: CLOCK
+    return app
+
+
+class RecordingSource(Source):
+    """Test double for a live source: a recording's messages, then whatever the test injects.
+
+    ``send`` records the commands (False once ``connected`` is cleared); ``reply`` pushes the agent's
+    ``command_result`` event for a command.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.sent: list[dict[str, Any]] = []
+        self.connected = True
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._closed = threading.Event()
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        yield from RecordingReader(self.run_dir / "events.jsonl").read_new()
+        while not self._closed.is_set():
+            try:
+                yield self._queue.get(timeout=0.02)
+            except queue.Empty:
+                continue
+
+    def push(self, msg: dict[str, Any]) -> None:
+        self._queue.put(msg)
+
+    def reply(self, name: str, id: int, **fields: Any) -> None:
+        self.push(protocol.message("event", kind="command_result", name=name, id=id, **fields))
+
+    def send(self, command: dict[str, Any]) -> bool:
+        if not self.connected:
+            return False
+        self.sent.append(dict(command))
+        return True
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+def live_app(tmp_path: Path, **kw: Any) -> tuple[PerfmonApp, RecordingSource]:
+    run_dir = write_recording(tmp_path / "run", exit=None, **kw)
+    source = RecordingSource(run_dir)
+    app = PerfmonApp(RunState(), source, run_dir)
+    app.clock = lambda: CLOCK
+    return app, source
+
+
+async def live_loaded(pilot: Any, steps: int = 3000) -> None:
+    app = pilot.app
+    await wait_until(pilot, lambda: app.state.steps >= steps and app.query_one(PhasesPanel).info.total_n >= steps)
+
+
+def toasts(app: PerfmonApp) -> list[tuple[str, str]]:
+    """(message, severity) of the notifications on show."""
+    return [(n.message, n.severity) for n in app._notifications]
+
+
+def shown(app: PerfmonApp, widget_id: str) -> bool:
+    """The widget is laid out on screen (its view shows it)."""
+    widget = app.query_one(f"#{widget_id}")
+    return widget.display and widget.region.area > 0 and all(a.display for a in widget.ancestors_with_self
+                                                              if hasattr(a, "display"))
+
+
+# -- device ------------------------------------------------------------------------------------
+async def test_device_one_gpu(tmp_path: Path) -> None:
+    app = make_app(tmp_path, device="gpu")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("2")
+        g, cm = app.state.gpus[0], app.state.cuda_mem
+        text = screen_text(app)
+        assert f"GPU0 {H100}" in text
+        assert f"util  {fmt.pct(g['util_gpu']):>4}" in text
+        assert f"{fmt.gib(g['mem_used_bytes'])}/79.6 GiB" in text
+        assert f"alloc {fmt.nbytes(cm['allocated_bytes'])}" in text and f"reserved {fmt.nbytes(cm['reserved_bytes'])}" in text
+        assert "peak alloc 52.1 GiB · reserved 54.4 GiB · retries 0 · OOMs 0" in text
+        assert f"power {g['power_w']:.0f}/700 W · temp {g['temp_c']}°C · SM 1980/1980 MHz" in text
+        assert "PCIe  ↓3.4 GB/s" in text
+        assert "throttled" not in text
+        info = app.query_one(DevicePanel).info
+        assert info.series == tuple(app.state.series["gpu_util"].values(60.0)) and len(info.series) > 30
+        header = text.splitlines()[:4]
+        assert f"pid 4242 · {H100}" in header[2]
+        assert header[3].startswith(f" GPU {fmt.pct(g['util_gpu'])} mem 47.6/79.6G")
+
+
+async def test_device_several_gpus(tmp_path: Path) -> None:
+    app = make_app(tmp_path, device="gpu", gpus=4)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("2")
+        text = screen_text(app)
+        assert f"4× {H100}" in text and " 4 GPUs " in text
+        assert re.search(r"#\s+name\s+util\s+memory GiB\s+power W\s+temp\s+SM MHz", text)
+        for g in app.state.gpus:
+            row = re.search(rf"│ {g['index']}\s+H100 80GB HBM3\s+(\d+)%\s+\S+ ([\d.]+)/79.6\s+(\d+)/700\s+(\d+)°C\s+1980",
+                            text)
+            assert row, g["index"]
+            assert int(row[1]) == g["util_gpu"] and row[2] == fmt.gib(g["mem_used_bytes"])
+            assert int(row[3]) == round(g["power_w"]) and int(row[4]) == g["temp_c"]
+        assert "allocator 4" in text and "allocated" in text
+
+
+async def test_device_throttled(tmp_path: Path) -> None:
+    app = make_app(tmp_path, device="gpu", throttled=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("2")
+        text = screen_text(app)
+        assert "⚠ throttled: sw_power_cap, sw_thermal" in text
+        assert "power 699/700 W · temp 83°C · SM 1590/1980 MHz" in text
+        assert "⚠ throttled" in text.splitlines()[3]  # the vital signs, on every view
+        assert "throttling" in [r.id for r in app.findings.rows]
+
+
+async def test_device_na_values(tmp_path: Path) -> None:
+    app = make_app(tmp_path, device="gpu", na=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("2")
+        text = screen_text(app)
+        assert "util   n/a" in text
+        assert "power n/a · temp n/a · SM n/a" in text
+        assert "PCIe  ↓n/a ↑n/a · mem io n/a · this process n/a" in text
+        assert "47.6/79.6 GiB" in text  # what is known is still shown
+        assert text.splitlines()[3].startswith(" GPU n/a mem 47.6/79.6G")
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_no_gpu_says_why(tmp_path: Path, size: tuple[int, int]) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=size) as pilot:
+        await loaded(pilot)
+        await pilot.press("2")
+        text = screen_text(app)
+        assert f"No GPU: {NO_GPU_REASON} — showing CPU data" in text
+        assert "CPU only — no GPU" in text and "no GPU │" in text
+        assert "trainer" in text  # the CPU data is there
+
+
+# -- host --------------------------------------------------------------------------------------
+async def test_host_panel_cpu_run(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("2")
+        h = app.state.host
+        text = screen_text(app)
+        assert f"CPU   trainer {fmt.pct(h['cpu_percent']):>4}" in text
+        assert f"system {fmt.pct(h['system_cpu_percent'])} of 2 CPUs · load 2.16" in text
+        assert f"RSS   trainer {fmt.nbytes(h['rss_bytes'])} · peak {fmt.nbytes(app.state.peaks['rss_bytes'])} · threads 5" in text
+        assert "no DataLoader workers · read n/a" in text
+        assert "1.31/23.5 GiB · avail 21.9 GiB · swap 0 B" in text
+        assert app.query_one(HostPanel).info.series == tuple(app.state.series["cpu"].values(60.0))
+
+
+async def test_host_panel_workers(tmp_path: Path) -> None:
+    app = make_app(tmp_path, device="gpu")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("2")
+        h = app.state.host
+        text = screen_text(app)
+        assert f"8 workers 9.80 GiB · CPU {fmt.pct(h['workers_cpu_percent'])} · read" in text
+        assert "of 32 CPUs" in text and "61.3/504 GiB" in text
+
+
+# -- model -------------------------------------------------------------------------------------
+async def test_model_with_budget(tmp_path: Path) -> None:
+    app = make_app(tmp_path, device="gpu")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("3")
+        budget, flops = app.state.memory_budget(), app.state.flops()
+        text = screen_text(app)
+        assert "params   124M · trainable 124M · frozen 0 · float32 124M" in text
+        assert "GPT2LMHeadModel · optimizer AdamW (fused, 148 tensors)" in text
+        assert "static   1.85 GiB = params 475 MiB + grads 475 MiB + optimizer 949 MiB" in text
+        assert f"budget   peak 52.1 GiB · activations {fmt.nbytes(budget['activation_bytes'])}" in text
+        assert f"{fmt.nbytes(budget['per_sample_bytes'])}/sample" in text
+        assert f"batch 32 → the largest that fits ≈{budget['max_batch']} · margin {fmt.share(budget['margin'])}" in text
+        assert f"FLOPs    12.2T/step · achieved {fmt.flops_rate(flops['achieved_flops'])} · MFU {fmt.share(flops['mfu'])}" in text
+        assert "of peak 989 TFLOP/s (NVIDIA H100 80GB HBM3 dense bf16)" in text
+        assert f"MFU {fmt.share(flops['mfu'])}" in text.splitlines()[3]  # the vital signs
+
+
+async def test_model_without_budget(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("3")
+        text = screen_text(app)
+        assert "params   1.31M · trainable 1.31M · frozen 0 · float32 1.31M" in text
+        assert "budget   n/a: CPU run: no allocator statistics" in text
+        assert "FLOPs    470M/step" in text and "MFU n/a" in text
+        assert "CPU run: MFU needs --peak-tflops" in text
+        assert "loader   batch 64, 0 workers, no pin_memory, SyntheticDataset" in text
+
+
+async def test_model_waiting(tmp_path: Path) -> None:
+    app = make_app(tmp_path, model=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("3")
+        assert "waiting for model facts" in screen_text(app)
+        assert app.query_one(ModelPanel).info.has_model is False
+
+
+# -- ops ---------------------------------------------------------------------------------------
+async def test_ops_empty(tmp_path: Path) -> None:
+    app = make_app(tmp_path, profile=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("4")
+        assert EMPTY in screen_text(app) and EMPTY == "no profiler window yet — press p"
+
+
+async def test_ops_filled_and_sort_cycles(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("4")
+        panel = app.query_one(OpsPanel)
+        prof = app.state.profiles[-1]
+        age = fmt.ago(CLOCK - prof["t"])
+        text = screen_text(app)
+        assert f"window: step {fmt.count(prof['step'])} · 3 steps · on demand · cpu · {age} · sort: self time (s)" in text
+        assert "syncs/step 2.0 · device busy n/a · 155 ops · trace gpu-box-07_4242" in text
+        for label, key in [*SORTS, SORTS[0]]:
+            assert panel.info.sort == label
+            want = sorted(prof["top_ops"], key=lambda op: (op[key], op["self_ms"]), reverse=True)
+            assert [r.name for r in panel.info.rows] == [op["name"] for op in want]
+            text = screen_text(app)
+            assert f"sort: {label} (s)" in text
+            names = [line.split()[1] for line in text.splitlines() if line.startswith("│ aten::")]
+            assert names == [op["name"] for op in want]
+            await pilot.press("s")
+        assert "aten::mm" in text and "1.21G" in text  # FLOPs of the mm rows
+
+
+async def test_s_only_sorts_in_ops_view(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("s")
+        assert app.query_one(OpsPanel).sort_index == 0
+        assert " s Sort" not in screen_text(app)
+        await pilot.press("4")
+        assert " s Sort" in screen_text(app)
+
+
+async def test_ops_capturing_marker(tmp_path: Path) -> None:
+    app, source = live_app(tmp_path, capturing=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await live_loaded(pilot)
+        await wait_until(pilot, lambda: app.query_one(OpsPanel).info.capturing is not None)
+        await pilot.press("4")
+        text = screen_text(app)
+        assert f"● capturing a profiler window (from step {fmt.count(app.state.profiling['step'])})…" in text
+        assert "last window: step 2,800" in text
+        assert "4 ops ●" in text  # the view bar, on every view
+        source.push(protocol.message("profile", **profile_msg(app.run_dir, False, 3000, CLOCK - 2)))
+        await wait_until(pilot, lambda: app.query_one(OpsPanel).info.capturing is None)
+        text = screen_text(app)
+        assert "capturing" not in text and "window: step 3,000" in text and "2s ago" in text
+
+
+# -- findings ----------------------------------------------------------------------------------
+async def test_findings_expand_with_enter(tmp_path: Path) -> None:
+    app = make_app(tmp_path, device="gpu")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        expected = evaluate_once(app.state)
+        assert [r.id for r in app.findings.rows] == [f.id for f in expected]
+        await pilot.press("5")
+        panel = app.query_one(FindingsPanel)
+        assert app.focused is panel.list
+        text = screen_text(app)
+        first, second = expected[0], expected[1]
+        assert "▸ ▲ critical Input-bound: " in text and first.id == "input-bound"
+        assert "fix" not in text and "data_share" not in text
+        await pilot.press("enter")
+        text = screen_text(app)
+        assert f"▾ ▲ critical {first.title}" in text
+        assert re.search(r"data_share\s+\d+%", text)
+        assert "raise DataLoader(num_workers=8) towards 16" in text
+        assert f"rule         {first.id}" in text or re.search(rf"rule\s+{first.id}", text)
+        await pilot.press("down", "enter")
+        text = screen_text(app)
+        assert f"▾ ▲ {second.severity:<9}{second.title}" in text
+        assert panel.expanded == {first.id, second.id}
+        await pilot.press("up", "enter")
+        assert panel.expanded == {second.id}
+        assert f"▸ ▲ critical {first.title}" in screen_text(app)
+
+
+async def test_header_badge_and_summary(tmp_path: Path) -> None:
+    app = make_app(tmp_path, device="gpu", throttled=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        n = len(app.findings.rows)
+        assert n >= 3
+        line2 = screen_text(app).splitlines()[1]
+        assert line2.rstrip().endswith(f"▲ critical: input-bound +{n - 1}")
+        summary = app.query_one(FindingsSummary)
+        assert shown(app, "summary") and summary.info is app.findings
+        text = screen_text(app)
+        assert f"… {n - 2} more: press 5" in text
+        assert f"5 findings {n}" in text
+    app = make_app(tmp_path / "small", device="gpu", throttled=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        line2 = screen_text(app).splitlines()[1]
+        assert "elapsed 0:02:02" in line2 and line2.rstrip().endswith(f"▲ input-bound +{n - 1}")
+
+
+async def test_no_findings_no_badge(tmp_path: Path) -> None:
+    app = make_app(tmp_path, steps=15)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        assert app.findings.rows == () and "▲" not in screen_text(app)
+        await pilot.press("5")
+        assert "no findings yet: the rules need a few steps past warm-up" in screen_text(app)
+
+
+async def test_rules_config(tmp_path: Path) -> None:
+    app = make_app(tmp_path, device="gpu", rules=Config(disabled=("input-bound", "host-sync")))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        ids = [r.id for r in app.findings.rows]
+        assert "input-bound" not in ids and "host-sync" not in ids and ids
+        assert "input-bound" not in screen_text(app)
+
+
+async def test_live_findings_come_from_the_engine(tmp_path: Path) -> None:
+    app, _ = live_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await live_loaded(pilot)
+        assert not app.stream_ended
+        await wait_until(pilot, lambda: app.findings is not None and app.findings.rows, timeout=15)  # hysteresis
+        assert [r.id for r in app.findings.rows] == [f.id for f in app.engine.active]
+        assert "▲ critical: input-bound" in screen_text(app)
+
+
+# -- commands ----------------------------------------------------------------------------------
+async def test_p_sends_profile_and_results_are_toasts(tmp_path: Path) -> None:
+    app, source = live_app(tmp_path, profile=False)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await live_loaded(pilot)
+        await pilot.press("p")
+        assert source.sent == [{"name": "profile", "id": 1}]
+        assert app.view == "ops" and EMPTY in screen_text(app)
+        source.reply("profile", 1, ok=True, done=False, message="profile: starts at the next step boundary")
+        await wait_until(pilot, lambda: ("profile: starts at the next step boundary", "information") in toasts(app))
+        source.push(protocol.message("event", kind="profile_started", reason="on demand", steps=5, t=CLOCK - 3))
+        await wait_until(pilot, lambda: "● capturing a profiler window" in screen_text(app))
+        source.push(protocol.message("profile", **profile_msg(app.run_dir, False, 3000, CLOCK - 1)))
+        source.reply("profile", 1, ok=True, done=True, message="profile ready: 12 top ops", trace="x.json")
+        await wait_until(pilot, lambda: ("profile ready: 12 top ops", "information") in toasts(app))
+        text = screen_text(app)
+        assert "aten::addmm" in text and "capturing" not in text
+        await wait_until(pilot, lambda: "profile ready: 12 top ops" in screen_text(app))  # the toast is on screen
+
+
+async def test_c_on_cpu_run_shows_the_agents_answer(tmp_path: Path) -> None:
+    app, source = live_app(tmp_path)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await live_loaded(pilot)
+        await pilot.press("c")
+        assert source.sent == [{"name": "empty_cache", "id": 1}]
+        source.reply("empty_cache", 1, ok=True, done=True, message="no CUDA device: nothing to free")
+        await wait_until(pilot, lambda: ("no CUDA device: nothing to free", "information") in toasts(app))
+        await wait_until(pilot, lambda: "no CUDA device: nothing to free" in screen_text(app))
+
+
+async def test_command_keys_names_ids_and_failures(tmp_path: Path) -> None:
+    app, source = live_app(tmp_path)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await live_loaded(pilot)
+        await pilot.press("p", "c", "f", "m", "e")
+        assert source.sent == [
+            {"name": "profile", "id": 1}, {"name": "empty_cache", "id": 2}, {"name": "count_flops", "id": 3},
+            {"name": "memory_snapshot", "id": 4}, {"name": "export", "id": 5},
+        ]
+        assert app.view == "model"  # f shows where the FLOPs will appear
+        source.reply("memory_snapshot", 4, ok=False, done=True, message="memory snapshot: n/a (no CUDA device)")
+        await wait_until(pilot, lambda: ("memory snapshot: n/a (no CUDA device)", "error") in toasts(app))
+        source.push(protocol.message("event", kind="command_result", ok=False, error="command 'x' is not allowed"))
+        await wait_until(pilot, lambda: ("command 'x' is not allowed", "error") in toasts(app))
+        source.connected = False
+        await pilot.press("p")
+        assert len(source.sent) == 5
+        assert (NOT_CONNECTED, "warning") in toasts(app)
+
+
+async def test_commands_on_a_replay_are_not_sent(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await loaded(pilot)
+        await pilot.press("p")
+        assert app.commands_sent == [] and app.view == "overview"
+        assert toasts(app) == [(NOT_CONNECTED, "warning")] and NOT_CONNECTED == "not connected: replay/finished run"
+        await wait_until(pilot, lambda: NOT_CONNECTED in screen_text(app))
+
+
+# -- views, keys, layout -----------------------------------------------------------------------
+async def test_span_key_applies_to_every_sparkline(tmp_path: Path) -> None:
+    app = make_app(tmp_path, device="gpu")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("t")
+        label, seconds = SPANS[1]
+        device, host = app.query_one(DevicePanel).info, app.query_one(HostPanel).info
+        assert device.span == host.span == label == "10 min"
+        assert device.series == tuple(app.state.series["gpu_util"].values(seconds))
+        assert host.series == tuple(app.state.series["cpu"].values(seconds))
+        assert len(device.series) > 60  # the fixture runs for two minutes
+        text = screen_text(app)
+        assert text.count("last 10 min") >= 3 and "span 10 min" in text
+
+
+PANELS = {"overview": {"phases", "log"}, "device": {"device", "host"}, "model": {"model"}, "ops": {"ops"},
+          "findings": {"findings"}, "output": {"log"}}
+ALL = {"phases", "device", "host", "model", "ops", "summary", "findings", "log"}
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_every_view_by_number_key(tmp_path: Path, size: tuple[int, int]) -> None:
+    app = make_app(tmp_path, device="gpu")
+    async with app.run_test(size=size) as pilot:
+        await loaded(pilot)
+        for key, (view, _) in enumerate(VIEWS, 1):
+            await pilot.press(str(key))
+            await pilot.pause()
+            assert app.view == view
+            visible = {p for p in ALL if shown(app, p)}
+            assert PANELS[view] <= visible, view
+            text = screen_text(app)
+            lines = text.splitlines()
+            assert len(lines) == size[1]
+            assert " ".join(ARGV) in lines[0] and "step 3,000" in lines[1] and "MFU" in lines[3]  # header
+            assert re.search(rf"\b{key} {view}\b", lines[4])  # the view bar
+            assert "q Quit" in lines[-1] and "? Help" in lines[-1] and "1-6 View" in lines[-1]  # the footer
+        if size == (120, 40):
+            await pilot.press("1")
+            await pilot.pause()
+            assert {p for p in ALL if shown(app, p)} == {"phases", "device", "host", "summary", "log"}
+            await pilot.press("2")
+            await pilot.pause()
+            assert shown(app, "model")  # tall enough: the device view has the model too
+        else:
+            await pilot.press("1")
+            await pilot.pause()
+            assert {p for p in ALL if shown(app, p)} == {"phases", "log"}
+
+
+async def test_view_focus_and_log_tail(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        log = app.query_one(LogPanel).log_widget
+        assert app.focused is log and log.scroll_y == log.max_scroll_y  # the tail, below the new panels
+        await pilot.press("5")
+        assert app.focused is app.query_one(FindingsPanel).list
+        await pilot.press("6")
+        await pilot.pause()
+        assert app.focused is log
+        await wait_until(pilot, lambda: log.scroll_y == log.max_scroll_y)
+        assert "training done" in screen_text(app)
+
+
+async def test_help_lists_every_key(tmp_path: Path) -> None:
+    app = make_app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        await pilot.press("question_mark")
+        text = screen_text(app)
+        for key, words in (("1 … 6", "overview, device, model, ops, findings, output"), ("p", "profiler window"),
+                           ("c", "CUDA caching allocator"), ("f", "FLOPs"), ("m", "memory snapshot"),
+                           ("e", "export"), ("s", "sort"), ("t", "chart span"), ("Enter", "evidence and fix"),
+                           ("d", "detach"), ("?", "this help")):
+            assert re.search(rf"(^|\s){re.escape(key)}\s{{2,}}[^│█]*{words}", text, re.M), key
+        assert "esc, ? or q closes this help" in text  # it fits in 80x24
+        await pilot.press("4")  # the dashboard's keys wait under the dialog
+        assert app.view == "overview"
+
+
+# -- the real thing ----------------------------------------------------------------------------
+@pytest.mark.e2e
+async def test_end_to_end_profile_and_empty_cache(tmp_path: Path) -> None:
+    from perfmon.headless import connect
+    from perfmon.launch import Target, TrainingProcess
+
+    proc = TrainingProcess(Target(script=str(ROOT / "demos" / "train_mlp.py"), module=None,
+                                  args=["--steps", "100000"]), tmp_path / "run").start()
+    try:
+        source = connect(proc)
+        app = PerfmonApp(RunState(), source, proc.run_dir, proc)
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            await wait_until(pilot, lambda: app.state.steps >= 3, timeout=60)
+            await pilot.press("p")
+            assert app.commands_sent == [{"name": "profile", "id": 1}] and app.view == "ops"
+
+            def has_mm() -> bool:
+                text = screen_text(app)
+                return "aten::addmm" in text or "aten::mm" in text
+
+            await wait_until(pilot, has_mm, timeout=60)
+            await pilot.press("c")
+            await wait_until(pilot, lambda: any(m == "no CUDA device: nothing to free" for m, _ in toasts(app)),
+                             timeout=30)
+            await wait_until(pilot, lambda: "no CUDA device: nothing to free" in screen_text(app))
+            assert any("profile ready" in m for m, _ in toasts(app))
+    finally:
+        proc.stop()
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if proc.poll() is None:
+            proc.stop()
+        proc.wait()
