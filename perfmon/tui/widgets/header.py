@@ -130,9 +130,10 @@ class HeaderInfo:
             device = f"{len(known_gpus)}× {name}" if len(known_gpus) > 1 else name
         else:
             device = ""
+        versions = {**meta, "python": meta.get("python_version") or meta.get("python")}  # the hello's python is a path
         details = " · ".join(
-            f"{label} {meta[key]}" for key, label in (("host", "host"), ("python", "python"), ("torch", "torch"))
-            if meta.get(key)
+            f"{label} {versions[key]}" for key, label in (("host", "host"), ("python", "python"), ("torch", "torch"))
+            if versions.get(key)
         )
         pid = meta.get("pid")
         return cls(
