@@ -175,10 +175,12 @@ def _attach(argv: list[str]) -> int:
 
 def _replay(argv: list[str]) -> int:
     from perfmon.report import ReportError, load_recording
-    from perfmon.sources import ReplaySource
+    from perfmon.sources import PacedReplaySource
 
-    p = _Parser(prog="perfmon replay", description="The dashboard over a recording.")
+    p = _Parser(prog="perfmon replay", description="The dashboard over a recording, played back in time "
+                "(space pause, + - speed, [ start, ] end).")
     p.add_argument("run_dir", type=Path)
+    p.add_argument("--speed", type=float, default=60.0, help="playback speed, x real time (default 60)")
     args = p.parse_args(argv)
     try:
         load_recording(args.run_dir)  # one clear line for a bad dir before the screen opens
@@ -188,7 +190,7 @@ def _replay(argv: list[str]) -> int:
     from perfmon.state import RunState
     from perfmon.tui.app import PerfmonApp
 
-    PerfmonApp(RunState(), ReplaySource(args.run_dir), args.run_dir).run()
+    PerfmonApp(RunState(), PacedReplaySource(args.run_dir, speed=args.speed), args.run_dir).run()
     return 0
 
 
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_headless(proc, args.interval, rules=rules)
     from perfmon.monitor import run_dashboard
 
-    return run_dashboard(proc)
+    return run_dashboard(proc, rules)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import threading
 
 from perfmon.headless import connect
 from perfmon.launch import TrainingProcess, exit_status, finalize_recording
+from perfmon.rules import Config
 from perfmon.state import RunState
 
 
@@ -20,7 +21,7 @@ def _early_exit(proc: TrainingProcess) -> int:
     return exit_status(returncode)
 
 
-def run_dashboard(proc: TrainingProcess) -> int:
+def run_dashboard(proc: TrainingProcess, rules: Config | None = None) -> int:
     """Open the Textual dashboard on ``proc``; returns perfmon's exit status."""
     from perfmon.tui.app import PerfmonApp
 
@@ -28,7 +29,7 @@ def run_dashboard(proc: TrainingProcess) -> int:
     if not proc.alive() and not (proc.run_dir / "events.jsonl").exists():
         return _early_exit(proc)
     state = RunState()
-    app = PerfmonApp(state, source, proc.run_dir, proc)
+    app = PerfmonApp(state, source, proc.run_dir, proc, rules=rules)
     app.run()
     outcome = getattr(app, "outcome", "quit")
     if outcome == "detached" and proc.alive():

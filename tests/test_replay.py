@@ -95,3 +95,33 @@ def test_seek_end_then_restart(tmp_path):
     p.wait(lambda: 0 < p.steps() < 100)  # playing again from the start, at 1x
     assert p.state.exit is None
     src.close()
+
+
+async def test_replay_keys_in_the_dashboard(tmp_path):
+    from perfmon.tui.app import PerfmonApp
+
+    run = recording(tmp_path, seconds=600)
+    src = PacedReplaySource(run, speed=1)
+    app = PerfmonApp(RunState(), src, run)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("space")
+        assert src.paused
+        await pilot.press("space", "plus", "plus")
+        assert not src.paused and src.speed == 5
+        await pilot.press("minus")
+        assert src.speed == 2
+        await pilot.press("right_square_bracket")
+        for _ in range(200):
+            if app.state.exit is not None:
+                break
+            await pilot.pause(0.05)
+        assert app.state.steps == 6000 and src.at_end
+        await pilot.press("left_square_bracket")
+        for _ in range(200):
+            if app.state.steps < 6000:
+                break
+            await pilot.pause(0.05)
+        assert app.state.exit is None and app.state.steps < 100
+        info = app._header_info()
+        assert info.mode.startswith("replay 2x ▶") and info.elapsed.startswith("0:00:0")
+    src.close()

@@ -31,7 +31,9 @@ from textual.message import Message
 from textual.widgets import Footer
 
 from perfmon.rules import Config, Engine, evaluate_once
+from perfmon.sources import PacedReplaySource
 from perfmon.state import RunState
+from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.device import DeviceInfo, DevicePanel
 from perfmon.tui.widgets.dialogs import DETACH, STOP, HelpScreen, QuitScreen
 from perfmon.tui.widgets.findings import FindingsInfo, FindingsPanel, FindingsSummary
@@ -77,6 +79,11 @@ KEYS: list[Binding] = [
     Binding("s", "cycle_sort", "Sort", tooltip="ops view: sort by self, total, calls, FLOPs"),
     Binding("t", "cycle_span", "Span", tooltip="chart span: " + ", ".join(s for s, _ in SPANS)),
     Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
+    Binding("space", "replay('toggle_pause')", "Pause", tooltip="replay: pause / play"),
+    Binding("plus", "replay('faster')", "Faster", key_display="+", tooltip="replay: faster"),
+    Binding("minus", "replay('slower')", "Slower", key_display="-", tooltip="replay: slower"),
+    Binding("left_square_bracket", "replay('restart')", "Start", key_display="[", tooltip="replay: back to the start"),
+    Binding("right_square_bracket", "replay('seek_end')", "End", key_display="]", tooltip="replay: jump to the end"),
 ]
 SCROLL_HELP = ("↑↓ PgUp PgDn Home End", "scroll the output, move in findings")
 ENTER_HELP = ("Enter", "findings: open or close evidence and fix")
@@ -175,7 +182,8 @@ class PerfmonApp(App[None]):
         if process is not None:
             self.mode = "launched"
         else:
-            self.mode = {"ReplaySource": "replay", "LiveSource": "attached"}.get(type(source).__name__, "")
+            self.mode = {"ReplaySource": "replay", "PacedReplaySource": "replay", "LiveSource": "attached"}.get(
+                type(source).__name__, "")
 
     # -- outcome ----------------------------------------------------------------------------
     @property
@@ -264,13 +272,25 @@ class PerfmonApp(App[None]):
             self._job_over.set()
 
     def _header_info(self) -> HeaderInfo:
+        paced = isinstance(self.source, PacedReplaySource) and self.source.position is not None
+        now = self.source.position if paced else self.clock()  # type: ignore[union-attr]
         info = HeaderInfo.from_state(
-            self.state, self.mode, stream_ended=self.stream_ended and self.process is None, now=self.clock(),
+            self.state, self.mode, stream_ended=self.stream_ended and self.process is None, now=now,
             findings=self.findings,
         )
+        if isinstance(self.source, PacedReplaySource):
+            src = self.source
+            where = "end" if src.at_end else fmt.duration((src.position or 0) - (self.state.meta.get("start") or 0))
+            info = replace(info, mode=f"replay {src.speed:g}x {'⏸' if src.paused else '▶'} {where}")
         if self.stream_error:
             return replace(info, mode=f"{info.mode} · {self.stream_error}".strip(" ·"))
         return info
+
+    def action_replay(self, control: str) -> None:
+        """space + - [ ]: replay controls (pause, speed, start, end)."""
+        if isinstance(self.source, PacedReplaySource):
+            getattr(self.source, control)()
+            self.refresh_data()
 
     @_while_composed
     def _flush(self) -> None:
@@ -373,6 +393,8 @@ class PerfmonApp(App[None]):
             for msg in self.source.messages():
                 with self.lock:
                     self.state.apply(msg)
+                    if msg.get("type") == "reset":  # replay restarted: findings start over too
+                        self.engine = Engine(self.engine.cfg)
                     self._dirty = True
                 now = time.monotonic()
                 if now - last_post >= COALESCE_S:
@@ -517,6 +539,8 @@ class PerfmonApp(App[None]):
             return False
         if action == "cycle_sort":
             return self.view == "ops"
+        if action == "replay":
+            return isinstance(self.source, PacedReplaySource)
         return True
 
     def action_help(self) -> None:
