@@ -14,11 +14,11 @@ DEMOS = Path(__file__).resolve().parent.parent / "demos" / "bottlenecks"
 pytestmark = pytest.mark.e2e
 
 
-def run(tmp_path: Path, demo: str) -> dict:
+def run(tmp_path: Path, demo: str, *args: str) -> dict:
     run_dir = tmp_path / demo
     out = subprocess.run(
         [sys.executable, "-m", "perfmon.cli", "--headless", "--interval", "100", "--sample-interval", "0.05",
-         "--run-dir", str(run_dir), str(DEMOS / f"{demo}.py")], capture_output=True, text=True, timeout=240,
+         "--run-dir", str(run_dir), str(DEMOS / f"{demo}.py"), *args], capture_output=True, text=True, timeout=240,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     report = subprocess.run([sys.executable, "-m", "perfmon.cli", "report", str(run_dir), "--json"],
@@ -48,6 +48,6 @@ def test_healthy_run_raises_no_warning(tmp_path):
 
 
 def test_headless_prints_findings_as_they_appear(tmp_path):
-    data = run(tmp_path, "slow_dataloader")
+    data = run(tmp_path, "slow_dataloader", "--steps", "400")  # long enough for the findings to settle live
     assert "[perfmon] finding [critical] input-bound" in data["_stderr"]
     assert "findings" in data["_stderr"]  # and again in the summary at exit

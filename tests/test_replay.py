@@ -88,8 +88,8 @@ def test_seek_end_then_restart(tmp_path):
     p = Player(src)
     p.wait(lambda: p.steps() >= 1)
     src.seek_end()
-    p.wait(lambda: p.state.exit is not None)
-    assert p.steps() == 6000 and src.at_end
+    p.wait(lambda: p.state.exit is not None and src.at_end)
+    assert p.steps() == 6000
     src.restart()
     p.wait(lambda: p.resets == 1)
     p.wait(lambda: 0 < p.steps() < 100)  # playing again from the start, at 1x
@@ -112,7 +112,7 @@ async def test_replay_keys_in_the_dashboard(tmp_path):
         assert src.speed == 2
         await pilot.press("right_square_bracket")
         for _ in range(200):
-            if app.state.exit is not None:
+            if app.state.exit is not None and src.at_end:
                 break
             await pilot.pause(0.05)
         assert app.state.steps == 6000 and src.at_end
@@ -124,4 +124,6 @@ async def test_replay_keys_in_the_dashboard(tmp_path):
         assert app.state.exit is None and app.state.steps < 100
         info = app._header_info()
         assert info.mode.startswith("replay 2x ▶") and info.elapsed.startswith("0:00:0")
+        await pilot.press("question_mark")
+        assert ("space + - [ ]", "replay: pause/play, faster, slower, start, end") in app.key_help()
     src.close()

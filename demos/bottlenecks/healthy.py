@@ -1,13 +1,16 @@
-"""A healthy loop: data in memory, steady steps. perfmon should raise no warning here."""
+"""A healthy loop: data in memory, a model big enough that the loader is a small share, steady steps.
+perfmon should raise no warning here."""
 
 import torch
-from _common import args, mlp
+from _common import args
 from torch.utils.data import DataLoader, TensorDataset
 
 a = args()
-model = mlp()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                            torch.nn.Linear(1024, 1))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-data = TensorDataset(torch.randn(4096, 128), torch.randn(4096, 1))
+data = TensorDataset(torch.randn(4096, 256), torch.randn(4096, 1))
 loader = DataLoader(data, batch_size=64, shuffle=True)
 step = 0
 while step < a.steps:

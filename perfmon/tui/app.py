@@ -57,6 +57,8 @@ QUIT, DETACHED, STOPPED = "quit", "detached", "stopped"
 NOT_CONNECTED = "not connected: replay/finished run"
 
 VIEW_GROUP = Binding.Group("view", compact=True)
+REPLAY_GROUP = Binding.Group("replay", compact=True)
+REPLAY_HELP = ("space + - [ ]", "replay: pause/play, faster, slower, start, end")
 #: Commands to the agent: key -> (command name, footer label, help line).
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "p": ("profile", "Profile", "profiler window at the next step (ops view)"),
@@ -79,11 +81,13 @@ KEYS: list[Binding] = [
     Binding("s", "cycle_sort", "Sort", tooltip="ops view: sort by self, total, calls, FLOPs"),
     Binding("t", "cycle_span", "Span", tooltip="chart span: " + ", ".join(s for s, _ in SPANS)),
     Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
-    Binding("space", "replay('toggle_pause')", "Pause", tooltip="replay: pause / play"),
-    Binding("plus", "replay('faster')", "Faster", key_display="+", tooltip="replay: faster"),
-    Binding("minus", "replay('slower')", "Slower", key_display="-", tooltip="replay: slower"),
-    Binding("left_square_bracket", "replay('restart')", "Start", key_display="[", tooltip="replay: back to the start"),
-    Binding("right_square_bracket", "replay('seek_end')", "End", key_display="]", tooltip="replay: jump to the end"),
+    Binding("space", "replay('toggle_pause')", "Pause", group=REPLAY_GROUP, tooltip="replay: pause / play"),
+    Binding("plus", "replay('faster')", "Faster", key_display="+", group=REPLAY_GROUP, tooltip="replay: faster"),
+    Binding("minus", "replay('slower')", "Slower", key_display="-", group=REPLAY_GROUP, tooltip="replay: slower"),
+    Binding("left_square_bracket", "replay('restart')", "Start", key_display="[", group=REPLAY_GROUP,
+            tooltip="replay: back to the start"),
+    Binding("right_square_bracket", "replay('seek_end')", "End", key_display="]", group=REPLAY_GROUP,
+            tooltip="replay: jump to the end"),
 ]
 SCROLL_HELP = ("↑↓ PgUp PgDn Home End", "scroll the output, move in findings")
 ENTER_HELP = ("Enter", "findings: open or close evidence and fix")
@@ -556,7 +560,10 @@ class PerfmonApp(App[None]):
                 keys, _ = seen.setdefault("views", ([], ", ".join(label for _, label in VIEWS)))
                 keys[:] = [f"1 … {len(VIEWS)}"]
                 continue
+            if binding.group is REPLAY_GROUP:
+                continue  # one row, and only in a replay
             keys, text = seen.setdefault(binding.action, ([], binding.tooltip or binding.description))
             keys.append(binding.key_display or binding.key)
         rows = [(", ".join(keys), text) for keys, text in seen.values()]
-        return [*rows, ENTER_HELP, SCROLL_HELP]
+        replay = [REPLAY_HELP] if isinstance(self.source, PacedReplaySource) else []
+        return [*rows, *replay, ENTER_HELP, SCROLL_HELP]
