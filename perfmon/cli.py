@@ -195,6 +195,17 @@ def _replay(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point; a closed pipe (``perfmon report RUN | head``) ends quietly."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 1
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "report":
         return _report(argv[1:])
