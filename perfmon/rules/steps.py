@@ -36,7 +36,7 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
     period = None
     if len(spikes) >= 3:
         gaps = {b - a for a, b in zip(spikes, spikes[1:], strict=False)}
-        if len(gaps) == 1:
+        if len(gaps) == 1 and min(gaps) >= 2:  # consecutive slow steps are not a period
             period = gaps.pop()
     ratio = p99 / p50
     excess = sum(max(0.0, s["dur"] - p50) for s in f.steps) / max(1e-9, sum(s["dur"] for s in f.steps))
