@@ -104,6 +104,8 @@ def summarize(prof: Any, traces_dir: Path, active: int, cuda: bool, step: int, r
         self_dev = getattr(ev, "self_device_time_total", 0) or 0
         rows.append({
             "name": ev.key, "calls": int(ev.count),
+            # on GPU, kernels (device time, no host time of their own) are told apart from ops
+            "kind": "kernel" if cuda and self_dev > 0 and not ev.self_cpu_time_total else "op",
             "self_ms": (self_dev if cuda else ev.self_cpu_time_total) / 1000.0,
             "total_ms": (getattr(ev, "device_time_total", 0) if cuda else ev.cpu_time_total) / 1000.0,
             "self_cpu_ms": ev.self_cpu_time_total / 1000.0,
