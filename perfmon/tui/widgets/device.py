@@ -10,13 +10,12 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.geometry import Size
 from textual.reactive import reactive
 
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.phases import SPANS, resample, spark_rows, stacked_bar
-from perfmon.tui.widgets.styled import StyledWidget
+from perfmon.tui.widgets.styled import LinesPanel
 
 LABEL_W = 6
 Num = float | None
@@ -294,15 +293,7 @@ def pcie(kbs: Num) -> str:
     return f"{mbs / 1000.0:.1f} GB/s" if mbs >= 1000 else f"{mbs:.0f} MB/s"
 
 
-def relayout_on_height(widget: Any) -> None:
-    """After ``info`` changed: a new layout only when the panel's number of lines changed."""
-    lines = len(widget._view().lines(widget.content_size.width or 80))
-    if lines != widget._lines:
-        widget._lines = lines
-        widget.refresh(layout=True)
-
-
-class DevicePanel(StyledWidget):
+class DevicePanel(LinesPanel):
     """GPU telemetry; ``info`` is its state."""
 
     COMPONENT_CLASSES = {
@@ -311,17 +302,4 @@ class DevicePanel(StyledWidget):
     }
 
     info: reactive[DeviceInfo | None] = reactive(None)
-    _lines = 0
-
-    def watch_info(self) -> None:
-        relayout_on_height(self)
-
-    def _view(self) -> DeviceView:
-        styles = self.component_styles()
-        return DeviceView(self.info, styles)
-
-    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return len(self._view().lines(width))
-
-    def render(self) -> DeviceView:
-        return self._view()
+    VIEW = DeviceView

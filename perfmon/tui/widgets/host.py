@@ -8,14 +8,13 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.geometry import Size
 from textual.reactive import reactive
 
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
-from perfmon.tui.widgets.device import LABEL_W, Num, number, relayout_on_height, spark
+from perfmon.tui.widgets.device import LABEL_W, Num, number, spark
 from perfmon.tui.widgets.phases import SPANS, stacked_bar
-from perfmon.tui.widgets.styled import StyledWidget
+from perfmon.tui.widgets.styled import LinesPanel
 
 KEYS = (
     "cpu_percent", "rss_bytes", "threads", "workers", "workers_cpu_percent", "workers_rss_bytes",
@@ -113,7 +112,7 @@ def rate_bytes(bps: Num) -> str:
     return fmt.NA if bps is None else f"{fmt.nbytes(bps)}/s"
 
 
-class HostPanel(StyledWidget):
+class HostPanel(LinesPanel):
     """Host telemetry; ``info`` is its state."""
 
     COMPONENT_CLASSES = {
@@ -121,17 +120,4 @@ class HostPanel(StyledWidget):
     }
 
     info: reactive[HostInfo | None] = reactive(None)
-    _lines = 0
-
-    def watch_info(self) -> None:
-        relayout_on_height(self)
-
-    def _view(self) -> HostView:
-        styles = self.component_styles()
-        return HostView(self.info, styles)
-
-    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return len(self._view().lines(width))
-
-    def render(self) -> HostView:
-        return self._view()
+    VIEW = HostView

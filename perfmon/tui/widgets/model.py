@@ -10,14 +10,13 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.geometry import Size
 from textual.reactive import reactive
 
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
-from perfmon.tui.widgets.device import Num, number, relayout_on_height
+from perfmon.tui.widgets.device import Num, number
 from perfmon.tui.widgets.phases import stacked_bar
-from perfmon.tui.widgets.styled import StyledWidget
+from perfmon.tui.widgets.styled import LinesPanel
 
 LABEL_W = 9
 BUDGET_KEYS = ("static_bytes", "peak_bytes", "activation_bytes", "per_sample_bytes", "batch", "max_batch",
@@ -222,7 +221,7 @@ class ModelView:
             yield Segment.line()
 
 
-class ModelPanel(StyledWidget):
+class ModelPanel(LinesPanel):
     """Model facts; ``info`` is its state."""
 
     COMPONENT_CLASSES = {
@@ -231,17 +230,4 @@ class ModelPanel(StyledWidget):
     }
 
     info: reactive[ModelInfo | None] = reactive(None)
-    _lines = 0
-
-    def watch_info(self) -> None:
-        relayout_on_height(self)
-
-    def _view(self) -> ModelView:
-        styles = self.component_styles()
-        return ModelView(self.info, styles)
-
-    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return len(self._view().lines(width))
-
-    def render(self) -> ModelView:
-        return self._view()
+    VIEW = ModelView

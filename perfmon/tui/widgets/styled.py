@@ -6,9 +6,12 @@ that was most of what drawing a panel cost.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from rich.style import Style
+from textual.geometry import Size
+from textual.reactive import reactive
 from textual.widget import Widget
 
 
@@ -31,3 +34,27 @@ class StyledWidget(Widget):
     def notify_style_update(self) -> None:
         self._panel_styles = None
         super().notify_style_update()
+
+
+class LinesPanel(StyledWidget):
+    """A panel drawn by ``VIEW(info, styles)``, a renderable with ``lines(width)``; its height follows them."""
+
+    VIEW: ClassVar[Callable[[Any, dict[str, Style]], Any]]
+    info: reactive[Any] = reactive(None)
+    _lines = 0
+
+    def watch_info(self) -> None:
+        # a new layout only when the number of lines changed
+        lines = len(self._view().lines(self.content_size.width or 80))
+        if lines != self._lines:
+            self._lines = lines
+            self.refresh(layout=True)
+
+    def _view(self) -> Any:
+        return self.VIEW(self.info, self.component_styles())
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._view().lines(width))
+
+    def render(self) -> Any:
+        return self._view()
