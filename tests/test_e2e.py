@@ -247,8 +247,8 @@ LOOP_SHAPES = [
     ("custom_loop_explicit_api", "demos/custom_loop.py", ["--steps", "20", "--batch-size", "8"], 20,
      ("data", "forward", "backward", "optimizer"), None),
     ("sibling_import", "demos/loops/sibling_import.py", ["--steps", "6"], 6, ("forward", "backward", "optimizer"), None),
-    ("workers_fork", "demos/loops/workers_fork.py", ["--steps", "6"], 6, ("data", "forward", "optimizer"), 16),
-    ("workers_spawn", "demos/loops/workers_spawn.py", ["--steps", "6"], 6, ("data", "forward", "optimizer"), 16),
+    ("workers_fork", "demos/loops/workers.py", ["--steps", "6", "--context", "fork"], 6, ("data", "forward", "optimizer"), 16),
+    ("workers_spawn", "demos/loops/workers.py", ["--steps", "6", "--context", "spawn"], 6, ("data", "forward", "optimizer"), 16),
 ]
 
 

@@ -1,4 +1,4 @@
-"""DataLoader with num_workers=2 and multiprocessing_context="spawn"; the Dataset class lives in this script."""
+"""DataLoader with num_workers=2 under --context fork or spawn; the Dataset class lives in this script."""
 
 import argparse
 
@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class ScriptDataset(Dataset):
-    """Defined in the script (module __main__): spawn workers must still find it."""
+    """Defined in the script (module __main__): fork and spawn workers must still find it."""
 
     def __init__(self, n: int, dim: int) -> None:
         self.n, self.dim = n, dim
@@ -26,12 +26,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--context", choices=("fork", "spawn"), default="fork", help="multiprocessing start method")
     args = p.parse_args()
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     loader = DataLoader(ScriptDataset(args.batch_size * args.steps, 32), batch_size=args.batch_size,
-                        num_workers=2, multiprocessing_context="spawn", drop_last=True)
+                        num_workers=2, multiprocessing_context=args.context, drop_last=True)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     steps = 0
@@ -41,7 +42,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         steps += 1
-    print(f"done steps={steps} context=spawn")
+    print(f"done steps={steps} context={args.context}")
 
 
 if __name__ == "__main__":
