@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from perfmon import _api
+from perfmon.agent.steps import BEGIN, END, STEP  # pure Python: no torch here
 
 __version__ = "0.1.0"
 __all__ = ["step", "phase", "instrument", "__version__"]
@@ -28,7 +29,7 @@ def step() -> None:
     """Mark the end of a training step. From the first call on, only explicit calls end steps."""
     agent = _api.get_agent()
     if agent is not None:
-        agent.emit(2, None)  # steps.STEP
+        agent.emit(STEP, None)
         agent.boundary()
 
 
@@ -41,11 +42,11 @@ def phase(name: str) -> Iterator[None]:
     if agent is None:
         yield
         return
-    agent.emit(0, name)  # steps.BEGIN
+    agent.emit(BEGIN, name)
     try:
         yield
     finally:
-        agent.emit(1, name)  # steps.END
+        agent.emit(END, name)
 
 
 def instrument(run_dir: str | None = None) -> None:
