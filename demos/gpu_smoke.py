@@ -27,7 +27,19 @@ def collectors_check() -> None:
         torch.ones(1, device="cuda")
         from perfmon.collectors.cuda_mem import CudaMemorySampler
 
-        print("allocator:", CudaMemorySampler().sample())
+        cm = CudaMemorySampler()
+        print("allocator:", cm.sample())
+        big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        del big
+        first = cm.sample()
+        small = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        second = cm.sample()
+        seen = torch.cuda.max_memory_allocated()
+        print("window peaks (GiB):", first["window_peak_allocated_bytes"] / 2**30,
+              second["window_peak_allocated_bytes"] / 2**30, "script's max_memory_allocated:", seen / 2**30)
+        ok = first["window_peak_allocated_bytes"] >= 1 << 30 > second["window_peak_allocated_bytes"] >= 256 << 20
+        print("window peaks:", "ok" if ok and seen >= 1 << 30 else "WRONG")
+        del small
 
 
 def main() -> None:

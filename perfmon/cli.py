@@ -45,6 +45,8 @@ def _run_parser() -> _Parser:
                    help="profiler window: wait, warmup, active steps (default 1,1,3)")
     p.add_argument("--count-flops", action="store_true", help="count one step's FLOPs at start (for MFU)")
     p.add_argument("--peak-tflops", type=float, metavar="T", help="device peak TFLOP/s for MFU (default: from a table of GPUs)")
+    p.add_argument("--no-window-peaks", action="store_true",
+                   help="report allocator peaks since start only (no hidden per-window peak reset; see README)")
     p.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds to override (TOML, see README)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script, like python -m")
     p.add_argument("--version", action="version", version=f"perfmon {__version__}")
@@ -104,6 +106,8 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
         env["PERFMON_COUNT_FLOPS"] = "1"
     if args.peak_tflops:
         env["PERFMON_PEAK_TFLOPS"] = str(args.peak_tflops)
+    if args.no_window_peaks:
+        env["PERFMON_WINDOW_PEAKS"] = "0"
     return env
 
 

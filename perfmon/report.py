@@ -116,6 +116,7 @@ def _device(state: RunState) -> dict[str, Any] | None:
         "peak_util": state.peaks.get("util_gpu"),
         "peak_reserved_bytes": state.peaks.get("peak_reserved_bytes"),
         "peak_allocated_bytes": state.peaks.get("peak_allocated_bytes"),
+        "peak_step_allocated_bytes": state.peaks.get("steady_peak_allocated_bytes"),
         "alloc_retries": cm.get("alloc_retries"), "ooms": cm.get("ooms"),
         "power_limit_w": g.get("power_limit_w"), "throttled": g.get("throttled") or [],
     }
@@ -146,7 +147,7 @@ def _model(state: RunState) -> dict[str, Any] | None:
         "by_dtype": m.get("by_dtype"), "param_bytes": m.get("param_bytes"),
         "optimizer_bytes": m.get("optimizer_bytes"), "static_bytes": m.get("static_bytes"),
         "per_sample_bytes": budget["per_sample_bytes"], "max_batch": budget["max_batch"],
-        "memory_note": budget["reason"],
+        "peak_source": budget["peak_source"], "memory_note": budget["reason"],
     }
 
 

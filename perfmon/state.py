@@ -285,6 +285,8 @@ class RunState:
         if self.cuda_mem:
             self._peak("peak_reserved_bytes", self.cuda_mem.get("peak_reserved_bytes"))
             self._peak("peak_allocated_bytes", self.cuda_mem.get("peak_allocated_bytes"))
+            if self.steps > 10:  # past the first steps' one-off allocations (autotune workspaces, lazy state)
+                self._peak("steady_peak_allocated_bytes", self.cuda_mem.get("window_peak_allocated_bytes"))
 
     @property
     def mean_cpu_percent(self) -> float | None:
@@ -322,13 +324,18 @@ class RunState:
         static = model.get("static_bytes")
         out: dict[str, Any] = {"static_bytes": static, "peak_bytes": None, "activation_bytes": None,
                                "per_sample_bytes": None, "batch": self.batch_size(), "max_batch": None,
-                               "capacity_bytes": None, "margin": None, "reason": None}
+                               "capacity_bytes": None, "margin": None, "peak_source": None, "reason": None}
         if not self.cuda_mem or not self.gpus:
             out["reason"] = ("CPU run: no allocator statistics, activation memory cannot be told apart from "
                              "the process's RSS" if self.meta.get("cuda") is not True else "waiting for allocator statistics")
             return out
         capacity = self.gpus[0].get("total_bytes")
-        peak = self.cuda_mem.get("peak_allocated_bytes")
+        # the steady-state per-step peak (sample windows past the first steps) where window peaks
+        # are on; the peak since start otherwise, which may hold a first-step spike
+        peak = self.peaks.get("steady_peak_allocated_bytes")
+        out["peak_source"] = "steady state"
+        if peak is None:
+            peak, out["peak_source"] = self.cuda_mem.get("peak_allocated_bytes"), "since start"
         reserved_peak = self.cuda_mem.get("peak_reserved_bytes")
         out.update(capacity_bytes=capacity, peak_bytes=peak)
         if isinstance(capacity, int | float) and isinstance(reserved_peak, int | float) and capacity:

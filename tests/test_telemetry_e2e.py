@@ -17,7 +17,7 @@ def test_cpu_run_reports_host_model_and_no_device(tmp_path):
     run = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "perfmon.cli", "--headless", "--interval", "100", "--sample-interval", "0.2",
-         "--run-dir", str(run), str(DEMO), "--steps", "120", "--workers", "2"], capture_output=True, text=True,
+         "--no-window-peaks", "--run-dir", str(run), str(DEMO), "--steps", "120", "--workers", "2"], capture_output=True, text=True,
         timeout=240,
     )
     assert out.returncode == 0, out.stderr
@@ -36,3 +36,5 @@ def test_cpu_run_reports_host_model_and_no_device(tmp_path):
     assert host["peak_rss_bytes"] > 100 * 2**20 and host["peak_workers_rss_bytes"] > 10 * 2**20
     assert host["samples"] >= 3 and 0 < host["mean_cpu_percent"] <= 100 * host["cpu_count"]
     assert 0 < host["sampler_cpu_fraction"] < 0.05
+    hello = json.loads((run / "events.jsonl").read_text().splitlines()[0])
+    assert hello["type"] == "hello" and hello["window_peaks"] is False  # --no-window-peaks reached the agent

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from tui_fixtures import (
     ARGV,
+    GIB,
     H100,
     NO_GPU_REASON,
     START,
@@ -233,6 +234,21 @@ async def test_model_with_budget(tmp_path: Path) -> None:
         assert f"FLOPs    12.2T/step · achieved {fmt.flops_rate(flops['achieved_flops'])} · MFU {fmt.share(flops['mfu'])}" in text
         assert "of peak 989 TFLOP/s (NVIDIA H100 80GB HBM3 dense bf16)" in text
         assert f"MFU {fmt.share(flops['mfu'])}" in text.splitlines()[3]  # the vital signs
+
+
+async def test_window_peaks_in_device_and_budget(tmp_path: Path) -> None:
+    """With window peaks the budget uses the steady per-step peak, not the start-up spike."""
+    app = make_app(tmp_path, device="gpu", window_peaks=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("2")
+        last = app.state.cuda_mem["window_peak_allocated_bytes"]
+        assert f"peak alloc 52.1 GiB (last window {fmt.nbytes(last)}) · reserved 54.4 GiB" in screen_text(app)
+        await pilot.press("3")
+        budget = app.state.memory_budget()
+        assert budget["peak_source"] == "steady state" and budget["peak_bytes"] == int(45.9 * GIB)
+        assert budget["activation_bytes"] == int(45.9 * GIB) - 16 * 124_439_808
+        assert f"budget   step peak {fmt.nbytes(budget['peak_bytes'])} · activations" in screen_text(app)
 
 
 async def test_model_without_budget(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ def _meta(target: str, argv: list[str], module: bool, run_dir: Path) -> dict[str
         "python_version": sys.version.split()[0], "torch": torch_version, "cuda": None,
         "host": socket.gethostname(), "rank": int(rank) if rank and rank.isdigit() else None,
         "peak_tflops": float(os.environ["PERFMON_PEAK_TFLOPS"]) if os.environ.get("PERFMON_PEAK_TFLOPS") else None,
+        "window_peaks": os.environ.get("PERFMON_WINDOW_PEAKS") != "0",
     }
 
 

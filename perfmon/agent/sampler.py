@@ -66,7 +66,7 @@ class Sampler:
         self.interval = interval
         self.nvml = NvmlSampler(nvml_backend, pid=agent.pid)
         self.host = HostSampler(agent.pid)
-        self.cuda = CudaMemorySampler()
+        self.cuda = CudaMemorySampler(window_peaks=agent.meta.get("window_peaks", True))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._model_sent: tuple[int, int] | None = None
@@ -98,11 +98,23 @@ class Sampler:
     def sample_once(self) -> None:
         gpus = self.nvml.sample() if self.nvml.handles else []
         msg = protocol.message(
-            "sample", t=time.time(), host=self.host.sample(), gpus=gpus, cuda_mem=self.cuda.sample(),
+            "sample", t=time.time(), host=self.host.sample(), gpus=gpus, cuda_mem=self.cuda.sample(self._cuda_device()),
             sampler_cpu_s=round(self.cpu_s, 6), interval_s=self.interval,
         )
         self.agent.publish(msg)
         self._maybe_model()
+
+    def _cuda_device(self) -> int:
+        """The CUDA device the model's parameters live on (the sampler thread's own current device is 0)."""
+        inst = self.agent.instrumentation
+        for root in list(inst.roots) if inst is not None else ():
+            try:
+                p = next(root.parameters(), None)
+            except Exception:  # noqa: BLE001
+                continue
+            if p is not None and p.device.type == "cuda":
+                return p.device.index or 0
+        return 0
 
     def _maybe_model(self) -> None:
         inst = self.agent.instrumentation

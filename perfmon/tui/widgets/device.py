@@ -94,12 +94,13 @@ class CudaMem:
     retries: Num
     ooms: Num
     fragmentation: Num
+    window_peak: Num = None  # peak allocated in the last sample window (None with --no-window-peaks)
 
     @classmethod
     def from_dict(cls, m: dict[str, Any]) -> CudaMem:
         return cls(*(number(m.get(k)) for k in (
             "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
-            "alloc_retries", "ooms", "fragmentation_bytes",
+            "alloc_retries", "ooms", "fragmentation_bytes", "window_peak_allocated_bytes",
         )))
 
 
@@ -186,6 +187,9 @@ class DeviceView:
         st = self.styles
         line = line if line is not None else Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
         line.append("peak alloc ", st["label"]).append(fmt.nbytes(cuda.peak_allocated), st["value"])
+        if cuda.window_peak is not None:
+            line.append(" (last window ", st["label"]).append(fmt.nbytes(cuda.window_peak), st["value"])
+            line.append(")", st["label"])
         line.append(" · reserved ", st["label"]).append(fmt.nbytes(cuda.peak_reserved), st["value"])
         for label, value in ((" · retries ", cuda.retries), (" · OOMs ", cuda.ooms)):
             line.append(label, st["label"]).append(fmt.num(value), st["bad"] if value else st["value"])

@@ -58,6 +58,7 @@ class ModelInfo:
     loader: str
     budget: tuple[Num, ...]  # in BUDGET_KEYS order
     budget_reason: str | None
+    steady_peak: bool  # the budget's peak is the steady-state per-step one (window peaks), not since start
     flops: tuple[Num, ...]  # in FLOP_KEYS order
     peak_source: str | None
     flops_reason: str | None
@@ -80,6 +81,7 @@ class ModelInfo:
             optimizers=tuple(_opt(m.get("optimizer_flags"), str(o)) for o in m.get("optimizers") or ()),
             loader=_loader(loaders[-1]) if loaders else "",
             budget=tuple(number(budget.get(k)) for k in BUDGET_KEYS),
+            steady_peak=budget.get("peak_source") == "steady state",
             budget_reason=budget.get("reason"),
             flops=tuple(number(flops.get(k)) for k in FLOP_KEYS),
             peak_source=flops.get("peak_source"),
@@ -128,7 +130,7 @@ class ModelView:
         line = self.row("budget")
         if b("peak_bytes") is None:
             return self.wrapped(line, f"n/a: {info.budget_reason or 'waiting for allocator statistics'}", width)
-        items = [("peak", fmt.nbytes(b("peak_bytes"))), ("activations", fmt.nbytes(b("activation_bytes")))]
+        items = [("step peak" if info.steady_peak else "peak", fmt.nbytes(b("peak_bytes"))), ("activations", fmt.nbytes(b("activation_bytes")))]
         if b("per_sample_bytes") is not None:
             items.append(("", f"{fmt.nbytes(b('per_sample_bytes'))}/sample"))
         self.pairs(line, items)
