@@ -18,6 +18,7 @@ from perfmon.protocol import ALL_PHASES, PHASES, step_rows_to_dicts
 
 RECENT_STEPS = 200
 #: Telemetry kept as multi-resolution series (sparklines over the whole run).
+HOST_MEANS = ("cpu_percent", "workers_cpu_percent", "system_cpu_percent")
 SERIES = ("cpu", "rss", "gpu_util", "gpu_mem", "cuda_alloc", "workers_cpu")
 
 
@@ -176,6 +177,9 @@ class RunState:
         self.windows: deque[list[float]] = deque(maxlen=64)
         # raw memory readings (rss, cuda allocated) for leak detection, newest 600
         self.memory_samples: dict[str, deque[float]] = {"rss": deque(maxlen=600), "cuda_alloc": deque(maxlen=600)}  # [start, stop] of profiler/FLOP windows
+        # host samples taken while steps advanced: the rules judge CPU use over these, not one instant
+        self.busy_hosts: deque[dict[str, Any]] = deque(maxlen=10)
+        self._steps_at_sample = 0
 
     # -- ingest -------------------------------------------------------------------------
     def apply(self, msg: dict[str, Any]) -> None:
@@ -251,6 +255,9 @@ class RunState:
             self.sample_interval = msg["interval_s"]
         if isinstance(host, dict):
             self.host = host
+            if self.steps > self._steps_at_sample:
+                self.busy_hosts.append(host)
+            self._steps_at_sample = self.steps
             cpu = host.get("cpu_percent")
             if isinstance(cpu, int | float):
                 self.series["cpu"].add(t, cpu)
@@ -287,6 +294,18 @@ class RunState:
             self._peak("peak_allocated_bytes", self.cuda_mem.get("peak_allocated_bytes"))
             if self.steps > 10:  # past the first steps' one-off allocations (autotune workspaces, lazy state)
                 self._peak("steady_peak_allocated_bytes", self.cuda_mem.get("window_peak_allocated_bytes"))
+
+    def recent_host(self) -> dict[str, Any] | None:
+        """The latest host sample with its CPU percentages averaged over the recent samples taken while
+        training stepped (an instant right after the loop ends, or between bursts, would mislead)."""
+        if not self.busy_hosts:
+            return self.host
+        out = dict(self.busy_hosts[-1])
+        for key in HOST_MEANS:
+            values = [h[key] for h in self.busy_hosts if isinstance(h.get(key), int | float)]
+            if values:
+                out[key] = sum(values) / len(values)
+        return out
 
     @property
     def mean_cpu_percent(self) -> float | None:

@@ -208,3 +208,22 @@ def test_too_few_workers_when_each_is_busy_and_cpus_are_idle():
     f = find(make_state(data=5, model={"loaders": [loader]}, host=host), "loader-cpu-bound")
     assert f is not None and "num_workers=2) to 4" in f.fix
     assert find(make_state(data=5, model={"loaders": [loader]}, host=host), "input-bound") is None  # superseded
+
+
+def test_host_cpu_is_judged_over_the_samples_taken_while_stepping():
+    """A sample after the loop ended (workers idle) must not hide CPU-bound workers seen while training."""
+    loader = {**LOADER, "num_workers": 2}
+    state = make_state(data=5, model={"loaders": [loader]})
+    busy = {"cpu_percent": 60.0, "cpu_count": 2, "system_cpu_percent": 97.0, "workers": 2, "workers_cpu_percent": 180.0}
+    seq, t, i = 10, 2000.0, 100
+    for k in range(4):  # steps advance between these samples
+        i += 10
+        state.apply(protocol.message("steps", fields=FIELDS, seq=seq, rows=[
+            [j, t + j * 0.01, 11.0, 5.0, 3.0, 3.0, 0.0, 0.0, 32] for j in range(i - 9, i + 1)]))
+        state.apply(protocol.message("sample", seq=seq + 1, t=t + k, host=busy, gpus=[]))
+        seq += 2
+    idle = {**busy, "system_cpu_percent": 12.0, "workers_cpu_percent": 3.0}
+    state.apply(protocol.message("sample", seq=seq, t=t + 9, host=idle, gpus=[]))  # no step since
+    assert state.host["system_cpu_percent"] == 12.0
+    assert state.recent_host()["system_cpu_percent"] == 97.0
+    assert find(state, "loader-cpu-bound") is not None

@@ -107,7 +107,7 @@ class Facts:
         return cls(
             state=state, steps=steps, shares=shares, step_ms=sorted(s["dur"] for s in steps),
             total_steps=state.steps, profile=state.profiles[-1] if state.profiles else None,
-            model=state.model or {}, gpus=state.gpus, cuda_mem=state.cuda_mem, host=state.host,
+            model=state.model or {}, gpus=state.gpus, cuda_mem=state.cuda_mem, host=state.recent_host(),
         )
 
     def quantile(self, q: float) -> float | None:
