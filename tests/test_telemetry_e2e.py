@@ -36,5 +36,8 @@ def test_cpu_run_reports_host_model_and_no_device(tmp_path):
     assert host["peak_rss_bytes"] > 100 * 2**20 and host["peak_workers_rss_bytes"] > 10 * 2**20
     assert host["samples"] >= 3 and 0 < host["mean_cpu_percent"] <= 100 * host["cpu_count"]
     assert 0 < host["sampler_cpu_fraction"] < 0.05
-    hello = json.loads((run / "events.jsonl").read_text().splitlines()[0])
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    models = [e for e in events if e["type"] == "model" and "roots" in e]
+    assert models and models[-1]["roots"] == ["Sequential"]  # the MLP, not the MSELoss module beside it
+    hello = events[0]
     assert hello["type"] == "hello" and hello["window_peaks"] is False  # --no-window-peaks reached the agent

@@ -231,6 +231,17 @@ async def test_escape_cancels_then_job_ends_and_dashboard_stays(tmp_path: Path) 
     assert app.outcome == "quit"
 
 
+async def test_job_ending_while_the_quit_dialog_is_open_quits(tmp_path: Path) -> None:
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        app.process.end(0)
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.outcome == "quit" and app.process.stops == 0
+
+
 async def test_ctrl_c_asks_even_from_help(tmp_path: Path) -> None:
     app = make_app(tmp_path, exit=None, process=True)
     async with app.run_test(size=(120, 40)) as pilot:

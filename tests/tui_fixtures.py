@@ -141,7 +141,7 @@ def model_facts(gpu: bool) -> dict[str, object]:
                 "loaders": [{"num_workers": 8, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 2,
                              "batch_size": 32, "dataset": "TokenDataset"}]}
     params = 1_313_793
-    return {"roots": ["Sequential", "MSELoss"], "params": params, "trainable": params, "frozen": 0,
+    return {"roots": ["Sequential"], "params": params, "trainable": params, "frozen": 0,
             "by_dtype": {"float32": params}, "param_bytes": 4 * params, "grad_bytes": 4 * params,
             "optimizer_bytes": 8 * params, "static_bytes": 16 * params, "optimizers": ["AdamW"],
             "optimizer_flags": [{"name": "AdamW", "fused": None, "foreach": None, "param_tensors": 6}],

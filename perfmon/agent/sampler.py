@@ -51,7 +51,9 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
                 if hasattr(v, "element_size") and hasattr(v, "numel"):
                     opt_bytes += v.numel() * v.element_size()
     return {
-        "roots": [type(r).__name__ for r in roots],
+        # a loss module called at top level is a root too (its time is forward time) but not "the model"
+        "roots": [type(r).__name__ for r in roots if next(r.parameters(), None) is not None]
+        or [type(r).__name__ for r in roots],
         "params": total, "trainable": trainable, "frozen": total - trainable, "by_dtype": by_dtype,
         "param_bytes": nbytes, "grad_bytes": grad_bytes, "optimizer_bytes": opt_bytes,
         "optimizers": opt_names, "optimizer_flags": opt_flags, "static_bytes": nbytes + grad_bytes + opt_bytes,

@@ -274,6 +274,8 @@ class PerfmonApp(App[None]):
         self._last_refresh = time.monotonic()
         if self.job_ended:
             self._job_over.set()
+            if isinstance(self.screen, QuitScreen):  # asked to quit while it ran: the question is moot now
+                self.finish(QUIT)
 
     def _header_info(self) -> HeaderInfo:
         paced = isinstance(self.source, PacedReplaySource) and self.source.position is not None
