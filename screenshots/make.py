@@ -27,15 +27,15 @@ from perfmon.tui.app import PerfmonApp  # noqa: E402
 
 #: (name, terminal size, recording options, keys pressed before the picture)
 SHOTS: list[tuple[str, tuple[int, int], dict[str, Any], list[str]]] = [
-    ("dashboard-120x40", (120, 40), {"device": "gpu"}, []),
-    ("dashboard-80x24", (80, 24), {"device": "gpu"}, []),
+    ("dashboard-120x40", (120, 40), {"device": "gpu", "window_peaks": True}, []),
+    ("dashboard-80x24", (80, 24), {"device": "gpu", "window_peaks": True}, []),
     ("dashboard-cpu-120x40", (120, 40), {}, []),
     ("dashboard-cpu-80x24", (80, 24), {}, []),
-    ("device-80x24", (80, 24), {"device": "gpu", "throttled": True}, ["2"]),
-    ("device-4gpus-120x40", (120, 40), {"device": "gpu", "gpus": 4, "throttled": True}, ["2"]),
-    ("model-80x24", (80, 24), {"device": "gpu"}, ["3"]),
-    ("ops-120x40", (120, 40), {"device": "gpu"}, ["4"]),
-    ("findings-80x24", (80, 24), {"device": "gpu", "throttled": True}, ["5", "enter"]),
+    ("device-80x24", (80, 24), {"device": "gpu", "window_peaks": True, "throttled": True}, ["2"]),
+    ("device-4gpus-120x40", (120, 40), {"device": "gpu", "window_peaks": True, "gpus": 4, "throttled": True}, ["2"]),
+    ("model-80x24", (80, 24), {"device": "gpu", "window_peaks": True}, ["3"]),
+    ("ops-120x40", (120, 40), {"device": "gpu", "window_peaks": True}, ["4"]),
+    ("findings-80x24", (80, 24), {"device": "gpu", "window_peaks": True, "throttled": True}, ["5", "enter"]),
 ]
 
 

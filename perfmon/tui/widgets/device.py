@@ -183,17 +183,25 @@ class DeviceView:
         reasons = ", ".join(gpu.throttled)
         return Text(f"⚠ {reasons}" if short else f"⚠ throttled: {reasons}", self.styles["warn"])
 
-    def cuda_line(self, cuda: CudaMem, line: Text | None = None) -> Text:
+    def cuda_lines(self, cuda: CudaMem, width: int, line: Text | None = None) -> list[Text]:
+        """Peaks, retries and OOMs, wrapped at `` · `` so a narrow terminal never cuts off the OOM count."""
         st = self.styles
         line = line if line is not None else Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
-        line.append("peak alloc ", st["label"]).append(fmt.nbytes(cuda.peak_allocated), st["value"])
+        pieces = [Text("peak alloc ", st["label"]).append(fmt.nbytes(cuda.peak_allocated), st["value"])]
         if cuda.window_peak is not None:
-            line.append(" (last window ", st["label"]).append(fmt.nbytes(cuda.window_peak), st["value"])
-            line.append(")", st["label"])
-        line.append(" · reserved ", st["label"]).append(fmt.nbytes(cuda.peak_reserved), st["value"])
-        for label, value in ((" · retries ", cuda.retries), (" · OOMs ", cuda.ooms)):
-            line.append(label, st["label"]).append(fmt.num(value), st["bad"] if value else st["value"])
-        return line
+            pieces[0].append(" (last window ", st["label"]).append(fmt.nbytes(cuda.window_peak), st["value"])
+            pieces[0].append(")", st["label"])
+        pieces.append(Text("reserved ", st["label"]).append(fmt.nbytes(cuda.peak_reserved), st["value"]))
+        for label, value in (("retries ", cuda.retries), ("OOMs ", cuda.ooms)):
+            pieces.append(Text(label, st["label"]).append(fmt.num(value), st["bad"] if value else st["value"]))
+        lines, start = [line], line.cell_len
+        for i, piece in enumerate(pieces):
+            sep = Text(" · ", st["label"]) if i and lines[-1].cell_len > start else Text("")
+            if i and lines[-1].cell_len + sep.cell_len + piece.cell_len > width:
+                lines.append(Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis"))
+                start, sep = LABEL_W, Text("")
+            lines[-1].append_text(sep).append_text(piece)
+        return lines
 
     def single(self, gpu: GpuRow, cuda: CudaMem | None, width: int) -> list[Text]:
         st = self.styles
@@ -217,7 +225,7 @@ class DeviceView:
             legend.append("█ ", st["alloc"]).append("alloc ", st["label"]).append(fmt.nbytes(cuda.allocated), st["value"])
             legend.append("  ▓ ", st["reserved"]).append("reserved ", st["label"]).append(fmt.nbytes(cuda.reserved), st["value"])
             legend.append("  ▒ ", st["other"]).append("other ", st["label"]).append(fmt.nbytes(max(0.0, other or 0.0)), st["value"])
-            lines += [legend, self.cuda_line(cuda)]
+            lines += [legend, *self.cuda_lines(cuda, width)]
         else:
             legend.append("▒ ", st["other"]).append("used ", st["label"]).append(fmt.nbytes(gpu.used), st["value"])
             legend.append("  ░ ", st["free"]).append("free ", st["label"])
@@ -259,7 +267,7 @@ class DeviceView:
             line = Text("allocator ", st["label"], no_wrap=True, overflow="ellipsis")
             line.append(fmt.nbytes(cuda.allocated), st["value"]).append(" allocated · ", st["label"])
             line.append(fmt.nbytes(cuda.reserved), st["value"]).append(" reserved · ", st["label"])
-            lines.append(self.cuda_line(cuda, line))
+            lines += self.cuda_lines(cuda, width, line)
         return lines
 
     def lines(self, width: int) -> list[Text]:
