@@ -117,6 +117,39 @@ def test_state_aggregates_recent_and_total():
     assert state.samples_per_s(recent=False) == pytest.approx(32 * state.steps_per_s(recent=False))
 
 
+def test_a_bad_value_stops_its_message_but_the_rows_before_it_count():
+    state = RunState(recent=5)
+    state.apply(hello())
+    rows = [row(i, 1000.0 + i * 0.01) for i in range(1, 11)]
+    rows[3] = [1, 2]  # wrong length: dropped alone
+    rows[6][2] = "slow"  # not a number: the message stops here
+    state.apply(steps_msg(rows, seq=2))
+    assert state.skipped == 1
+    assert state.steps == 6 and state.totals["step"].hist.n == 5 == state.totals["data"].hist.n
+    assert state.totals["step"].total_ms == pytest.approx(50.0)
+    assert [s["i"] for s in state.recent] == [1, 2, 3, 5, 6]
+
+
+def test_only_the_last_rows_of_a_big_message_are_kept_as_recent_steps():
+    state = RunState(recent=200)
+    state.apply(hello())
+    state.apply(protocol.message("event", kind="window_started", what="profile", t=1000.0 + 1995 * 0.01, seq=2))
+    state.apply(protocol.message("event", kind="window_stopped", what="profile", t=1000.0 + 1998 * 0.01, seq=3))
+    state.apply(steps_msg([row(i, 1000.0 + i * 0.01) for i in range(1, 2001)], seq=4))
+    assert [s["i"] for s in state.recent] == list(range(1801, 2001))
+    assert [s["i"] for s in state.recent if s["windowed"]] == [1996, 1997, 1998]
+    assert state.totals["forward"].hist.n == 2000 and state.samples_total == 32 * 2000
+
+
+@given(st.lists(st.floats(0, 1e4, allow_nan=False), max_size=200))
+def test_histogram_add_many_is_add_one_by_one(values):
+    one, many = Histogram(), Histogram()
+    for v in values:
+        one.add(v)
+    many.add_many(values)
+    assert (one.n, one.zeros, one.counts) == (many.n, many.zeros, many.counts)
+
+
 def test_duplicate_seq_is_ignored():
     state = RunState()
     state.apply(hello())
