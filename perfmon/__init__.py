@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from perfmon import _api
-from perfmon.agent.steps import BEGIN, END, STEP  # pure Python: no torch here
 
 __version__ = "0.1.0"
 __all__ = ["step", "phase", "instrument", "__version__"]
@@ -29,8 +28,7 @@ def step() -> None:
     """Mark the end of a training step. From the first call on, only explicit calls end steps."""
     agent = _api.get_agent()
     if agent is not None:
-        agent.emit(STEP, None)
-        agent.boundary()
+        agent.step()
 
 
 @contextmanager
@@ -42,11 +40,11 @@ def phase(name: str) -> Iterator[None]:
     if agent is None:
         yield
         return
-    agent.emit(BEGIN, name)
+    agent.begin(name)
     try:
         yield
     finally:
-        agent.emit(END, name)
+        agent.end(name)
 
 
 def instrument(run_dir: str | None = None) -> None:

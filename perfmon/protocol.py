@@ -23,6 +23,8 @@ COMMANDS = frozenset({"profile", "empty_cache", "count_flops", "memory_snapshot"
 
 PHASES = ("data", "forward", "backward", "optimizer")
 ALL_PHASES = (*PHASES, "other")
+#: Kinds of time outside training steps, in a ``steps`` message's optional ``outside`` dict (``<kind>_ms``).
+OUTSIDE_KINDS = ("evaluation", "checkpoint", "other")
 
 #: Column order of a row in a ``steps`` message.
 STEP_FIELDS = ("i", "t", "dur_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms", "samples")

@@ -85,6 +85,8 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
             for p in ALL_PHASES
         },
         "step_ms": {k: _round(v) for k, v in phases["step"].items() if k != "share"},
+        "outside_steps": _outside(state),
+        "closures_per_step": _round(state.closures_per_step(), 3),
         "run_dir": meta.get("run_dir"),
         "pid": meta.get("pid"),
         "start": meta.get("start"),
@@ -104,6 +106,12 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
         "mfu": _round(state.flops()["mfu"], 4),
         "findings": [f.to_json() for f in findings],
     }
+
+
+def _outside(state: RunState) -> dict[str, Any]:
+    """Time outside training steps: ms and share of wall time per kind (evaluation, checkpoint, other)."""
+    shares = state.outside_shares() or {}
+    return {k: {"ms": _round(v) or 0.0, "share": _round(shares.get(k), 4) or 0.0} for k, v in state.outside_ms.items()}
 
 
 def _device(state: RunState) -> dict[str, Any] | None:
@@ -210,6 +218,11 @@ def format_summary(state: RunState) -> str:
     lines.append(
         f"  {'step':<10} {_fmt_ms(st.get('mean_ms')):>10} {_fmt_ms(st.get('p50_ms')):>10} {_fmt_ms(st.get('p95_ms')):>10}"
     )
+    outside = [f"{kind} {v['share'] * 100:.1f}%" for kind, v in s["outside_steps"].items() if v["ms"]]
+    if outside:
+        lines.append(f"  {'outside':<10} {', '.join(outside)} of wall time (not in any step)")
+    if s["closures_per_step"]:
+        lines.append(f"  {'closures':<10} {s['closures_per_step']:.1f} evaluations per step (optimizer.step(closure))")
     if state.exit and state.exit.exception:
         lines += ["", f"  exception {state.exit.exception}"]
     if s["findings"]:

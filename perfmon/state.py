@@ -14,7 +14,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon.protocol import ALL_PHASES, PHASES, STEP_FIELDS
+from perfmon.protocol import ALL_PHASES, OUTSIDE_KINDS, PHASES, STEP_FIELDS
 
 RECENT_STEPS = 200
 #: Telemetry kept as multi-resolution series (sparklines over the whole run).
@@ -161,6 +161,10 @@ class RunState:
         self.totals: dict[str, PhaseTotals] = {p: PhaseTotals() for p in (*ALL_PHASES, "step")}
         self.samples_total = 0
         self.samples_steps = 0
+        #: ms spent outside training steps, by kind (evaluation, checkpoint, other)
+        self.outside_ms: dict[str, float] = dict.fromkeys(OUTSIDE_KINDS, 0.0)
+        self.closures_total = 0  # closure evaluations (forwards inside optimizer.step), all steps
+        self.closure_steps = 0  # steps that reported closures
         self.first_start: float | None = None
         self.last_end: float | None = None
         self.step_series = TimeSeries()
@@ -228,11 +232,18 @@ class RunState:
         column index, histograms are filled once per message, and step dicts are built only for the
         rows that end up in ``recent``.
         """
+        outside = msg.get("outside")
+        if isinstance(outside, dict):
+            for kind in OUTSIDE_KINDS:
+                value = outside.get(f"{kind}_ms")
+                if isinstance(value, int | float) and value > 0:
+                    self.outside_ms[kind] += float(value)
         fields = msg.get("fields", STEP_FIELDS)
         rows = msg.get("rows")
         if not isinstance(fields, list | tuple) or not isinstance(rows, list):
             return
         col = {f: k for k, f in enumerate(fields)}
+        i_closures = col.get("closures")
         i_i, i_t, i_dur = col["i"], col["t"], col["dur_ms"]
         phase_cols = [(col.get(f"dev_{p}_ms"), col[f"{p}_ms"]) for p in PHASES]
         i_samples, i_dev_fwd = col.get("samples"), col.get("dev_forward_ms")
@@ -261,6 +272,9 @@ class RunState:
                 if samples:
                     self.samples_total += samples
                     self.samples_steps += 1
+                if i_closures is not None and isinstance(row[i_closures], int):
+                    self.closures_total += row[i_closures]
+                    self.closure_steps += 1
                 start = t - dur / 1000.0
                 if self.first_start is None or start < self.first_start:
                     self.first_start = start
@@ -315,7 +329,7 @@ class RunState:
                 self.series["workers_cpu"].add(t, host["workers_cpu_percent"])
         gpus = msg.get("gpus")
         if isinstance(gpus, list):
-            self.gpus = [g for g in gpus if isinstance(g, dict)]
+            self.gpus = [_proc_mem_known(g) for g in gpus if isinstance(g, dict)]
             if self.gpus:
                 g0 = self.gpus[0]
                 if isinstance(g0.get("util_gpu"), int | float):
@@ -497,6 +511,20 @@ class RunState:
             return None
         return sps * self.samples_total / self.totals["step"].hist.n
 
+    def outside_shares(self) -> dict[str, float] | None:
+        """Share of the job's wall time spent outside training steps, by kind (None: none seen)."""
+        total = sum(self.outside_ms.values())
+        wall = self.elapsed() * 1000.0
+        if total <= 0 or wall <= 0:
+            return None
+        return {k: min(1.0, v / wall) for k, v in self.outside_ms.items()}
+
+    def closures_per_step(self) -> float | None:
+        """Mean closure evaluations per step (LBFGS-style ``step(closure)``), None when there are none."""
+        if not self.closures_total:
+            return None
+        return self.closures_total / max(1, self.closure_steps)
+
     def phase_stats(self, recent: bool = True) -> dict[str, dict[str, float | None]]:
         """Per phase (and ``step``): mean, p50, p95 in ms and share of step time."""
         out: dict[str, dict[str, float | None]] = {}
@@ -544,3 +572,15 @@ def _signal_name(num: int) -> str:
         return _signal.Signals(num).name
     except ValueError:
         return f"signal {num}"
+
+
+#: A recording from before ``proc_mem_reason``: its 0 meant "pid not in NVML's process list", not 0 bytes.
+LEGACY_PROC_MEM_REASON = "pid not in NVML's process list (container PID namespace?)"
+
+
+def _proc_mem_known(gpu: dict[str, Any]) -> dict[str, Any]:
+    """A GPU reading whose per-process memory is never a 0 that stands for "not found": older agents
+    sent 0 when NVML did not list the pid; that is unknown (None, with the reason), not 0 bytes."""
+    if "proc_mem_reason" not in gpu and gpu.get("proc_mem_bytes") == 0:
+        return {**gpu, "proc_mem_bytes": None, "proc_mem_reason": LEGACY_PROC_MEM_REASON}
+    return gpu

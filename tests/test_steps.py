@@ -4,38 +4,74 @@ from __future__ import annotations
 
 import pytest
 
-from perfmon.agent.steps import BEGIN, END, NOGRAD_FORWARD, OPTIMIZER_CREATED, STEP, StepTracker
+from perfmon.agent.steps import (
+    BEGIN,
+    BOUNDARY,
+    COPY,
+    END,
+    GRAD,
+    NOGRAD,
+    OPTIMIZER_CREATED,
+    STEP,
+    Boundaries,
+    StepTracker,
+)
 
 
 class Seq:
-    """Builds an event sequence with a fake clock: each phase takes the ms given."""
+    """Builds an event sequence with a fake clock: each phase takes the ms given.
+
+    ``run`` passes the events through :class:`Boundaries` first, as the hooks do, so the
+    tracker sees the BOUNDARY events the training thread would commit.
+    """
 
     def __init__(self) -> None:
         self.t = 0.0
-        self.events: list[tuple[int, float, object]] = []
+        self.events: list[tuple[int, float, object, object]] = []  # code, t, arg, optimizer key
 
     def gap(self, ms: float) -> Seq:
         self.t += ms / 1000
         return self
 
-    def phase(self, name: str, ms: float, samples: int | None = None, inner: list[tuple[str, float]] = ()) -> Seq:
-        self.events.append((BEGIN, self.t, name))
+    def phase(self, name: str, ms: float, samples: int | None = None, inner: list[tuple[str, float]] = (),
+              opt: str = "opt", arg: object = None) -> Seq:
+        key = opt if name == "optimizer" else arg[2] if isinstance(arg, tuple) else None
+        self.events.append((BEGIN, self.t, arg or name, key))
         for sub, sub_ms in inner:
             self.phase(sub, sub_ms)
         self.t += ms / 1000
-        self.events.append((END, self.t, (name, samples) if name == "data" else name))
+        end = (name, samples) if name == "data" else (name, key) if name == "optimizer" else name
+        self.events.append((END, self.t, end, key))
         return self
 
     def mark(self, code: int) -> Seq:
-        self.events.append((code, self.t, None))
+        self.events.append((code, self.t, None, None))
         return self
 
-    def nograd_forward(self, ms: float) -> Seq:
-        return self.mark(NOGRAD_FORWARD).phase("forward", ms)
+    def forward(self, ms: float, module: str = "model", grad: bool = True, kind: int | None = None) -> Seq:
+        kind = kind if kind is not None else (GRAD if grad else NOGRAD)
+        return self.phase("forward", ms, arg=("forward", module, kind))
 
-    def run(self) -> list:
-        tracker = StepTracker()
-        out = [tracker.feed(c, t, a) for c, t, a in self.events]
+    def nograd_forward(self, ms: float, module: str = "model") -> Seq:
+        return self.forward(ms, module, grad=False)
+
+    def run(self, tracker: StepTracker | None = None) -> list:
+        tracker = tracker or StepTracker()
+        bounds = Boundaries()
+        out = []
+        for code, t, arg, key in self.events:
+            if code == BEGIN:
+                phase = arg[0] if isinstance(arg, tuple) else arg
+                if bounds.begin(phase, key):
+                    out.append(tracker.feed(BOUNDARY, t))
+            elif code == END:
+                bounds.end(arg[0] if isinstance(arg, tuple) else arg, key)
+            elif code == STEP:
+                bounds.explicit = True
+            elif code == OPTIMIZER_CREATED:
+                bounds.optimizers_seen = True
+            out.append(tracker.feed(code, t, arg))
+        out.append(tracker.finish())
         return [r for r in out if r is not None]
 
 
@@ -63,10 +99,10 @@ def test_manual_updates_without_optimizer_end_at_next_forward():
     for _ in range(4):
         s.phase("forward", 2).phase("backward", 3).gap(1)  # the gap is the manual update
     steps = s.run()
-    # the 4th step has no following forward: it is not complete yet
-    assert len(steps) == 3
+    assert len(steps) == 4  # the last one completes when the job ends
     assert steps[0].phases["forward"] == pytest.approx(0.002)
-    assert steps[0].other == pytest.approx(0.001)
+    # a step ends at its backward; the update after it is the next step's "other"
+    assert steps[1].other == pytest.approx(0.001)
 
 
 def test_gradient_accumulation_is_one_step_per_optimizer_step():
@@ -88,15 +124,19 @@ def test_accumulation_before_first_optimizer_step_needs_optimizer_created():
     assert len(s.run()) == 1
 
 
-def test_lbfgs_closure_inside_optimizer_is_not_counted_twice():
+def test_lbfgs_closure_phases_are_charged_to_the_innermost_phase():
     s = Seq().mark(OPTIMIZER_CREATED)
     for _ in range(2):
         s.phase("data", 1, 16)
         s.phase("optimizer", 2, inner=[("forward", 1), ("backward", 1), ("forward", 1), ("backward", 1)])
     steps = s.run()
     assert len(steps) == 2
-    assert steps[0].phases["forward"] == 0 and steps[0].phases["backward"] == 0
-    assert steps[0].phases["optimizer"] == pytest.approx(0.006)  # its own 2 ms + the nested 4 ms
+    assert steps[0].phases["forward"] == pytest.approx(0.002)  # two closure evaluations, 1 ms each
+    assert steps[0].phases["backward"] == pytest.approx(0.002)
+    assert steps[0].phases["optimizer"] == pytest.approx(0.002)  # its own work only
+    assert steps[0].duration == pytest.approx(0.007)  # nothing counted twice: phases add up to the step
+    assert steps[0].other == pytest.approx(0.0)
+    assert steps[0].closures == 2
 
 
 def test_grad_scaler_step_wrapping_optimizer_step_is_one_phase():
@@ -170,3 +210,175 @@ def test_unbalanced_end_is_ignored():
     assert tracker.feed(END, 0.0, "forward") is None
     assert tracker.feed(BEGIN, 0.1, "forward") is None
     assert tracker.feed(END, 0.2, "forward") is None
+
+
+# -- the loop shapes of real codebases ------------------------------------------------------------------
+def gan_batch(s: Seq, loader: bool = True) -> Seq:
+    """dcgan: D on real and fake, D step, then G through D, G step: one batch, one step."""
+    if loader:
+        s.phase("data", 1, 8)
+    s.forward(1, "D").phase("backward", 1).forward(1, "G").forward(1, "D").phase("backward", 1)
+    s.phase("optimizer", 1, opt="optD")
+    s.forward(1, "D").phase("backward", 1).phase("optimizer", 1, opt="optG").gap(0.5)
+    return s
+
+
+@pytest.mark.parametrize("loader", [True, False], ids=["dataloader", "no-dataloader"])
+def test_gan_two_optimizers_per_batch_is_one_step(loader):
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(5):
+        gan_batch(s, loader)
+    steps = s.run()
+    assert len(steps) == 5
+    for r in steps:
+        assert r.phases["optimizer"] == pytest.approx(0.002)  # both optimizer steps
+        assert r.phases["forward"] == pytest.approx(0.004)
+    # every step holds the same work, the first included (no D/G alternation to look unstable)
+    assert steps[0].duration == pytest.approx(0.010 if loader else 0.009)
+    assert all(r.duration == pytest.approx(steps[0].duration + 0.0005) for r in steps[1:])
+
+
+def test_wgan_critic_steps_with_a_loader_count_batches():
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(10):
+        s.phase("data", 1, 8).forward(1, "D").phase("backward", 1).phase("optimizer", 1, opt="optD")
+        if i % 5 == 4:
+            s.forward(1, "G").phase("backward", 1).phase("optimizer", 1, opt="optG")
+    assert len(s.run()) == 10
+
+
+def test_nanogpt_accumulation_without_loader_splits_the_first_step_right():
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(4):
+        for _ in range(4):
+            s.forward(1).gap(0.25).phase("backward", 1)
+        s.phase("optimizer", 1, inner=[("optimizer", 1)]).gap(0.5)  # scaler.step(opt)
+    steps = s.run()
+    assert len(steps) == 4
+    for r in steps:
+        assert r.phases["forward"] == pytest.approx(0.004) and r.phases["backward"] == pytest.approx(0.004)
+
+
+def test_grad_scaler_skipped_step_is_a_boundary():
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for skipped in (False, True, False):  # a skipped step: scaler.step runs, optimizer.step does not
+        s.phase("data", 1, 4).forward(1).phase("backward", 1)
+        s.phase("optimizer", 0.2 if skipped else 1, inner=[] if skipped else [("optimizer", 1)])
+    assert len(s.run()) == 3
+
+
+def test_frozen_teacher_under_no_grad_is_forward_of_every_step():
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(4):
+        s.phase("data", 1, 8).nograd_forward(3, "teacher").forward(2, "student").phase("backward", 2)
+        s.phase("optimizer", 1)
+    steps = s.run()
+    assert len(steps) == 4
+    assert all(r.phases["forward"] == pytest.approx(0.005) for r in steps)
+
+
+def test_teacher_without_a_loader_stays_in_the_step():
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(3):
+        s.nograd_forward(3, "teacher").forward(2, "student").phase("backward", 2).phase("optimizer", 1)
+    steps = s.run()
+    assert len(steps) == 3
+    assert steps[2].phases["forward"] == pytest.approx(0.005)
+    assert sum(StepTracker().outside.values()) == 0
+
+
+def test_evaluation_between_steps_is_outside_time_not_the_next_step():
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(6):
+        s.phase("data", 1, 8).forward(2).phase("backward", 3).phase("optimizer", 1).gap(0.5)
+        if i == 2:  # validation: 20 batches of 72 samples under no_grad
+            for _ in range(20):
+                s.phase("data", 2, 72).nograd_forward(5)
+    steps = s.run(tracker)
+    assert len(steps) == 6
+    after = steps[3]
+    assert after.samples == 8 and after.duration == pytest.approx(0.007)
+    assert tracker.outside["evaluation"] == pytest.approx(20 * 0.007 + 0.0005)
+
+
+def test_ema_copy_evaluated_without_loader_is_outside_time():
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(4):
+        s.forward(2).phase("backward", 3).phase("optimizer", 1)
+        if i == 1:
+            for _ in range(10):
+                s.forward(4, "ema", kind=COPY)
+    steps = s.run(tracker)
+    assert len(steps) == 4
+    assert steps[2].duration == pytest.approx(0.006)
+    assert tracker.outside["evaluation"] == pytest.approx(0.040)
+
+
+def test_evaluation_before_training_without_loader_is_outside():
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(100):  # more than any old call limit
+        s.nograd_forward(1)
+    for _ in range(3):
+        s.forward(2).phase("backward", 2).phase("optimizer", 1)
+    steps = s.run(tracker)
+    assert len(steps) == 3
+    assert steps[0].duration == pytest.approx(0.005)
+    assert tracker.outside["evaluation"] == pytest.approx(0.100)
+
+
+def test_checkpoint_between_steps_is_outside_checkpoint_time():
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(4):
+        s.phase("data", 1, 8).forward(2).phase("backward", 2).phase("optimizer", 1)
+        if i == 1:
+            s.phase("checkpoint", 30)
+    steps = s.run(tracker)
+    assert len(steps) == 4
+    assert steps[2].duration == pytest.approx(0.006)
+    assert tracker.outside["checkpoint"] == pytest.approx(0.030)
+    assert tracker.outside["evaluation"] == 0
+
+
+def test_final_evaluation_after_the_last_step_is_counted_at_finish():
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(2):
+        s.phase("data", 1, 8).forward(2).phase("backward", 2).phase("optimizer", 1)
+    for _ in range(3):
+        s.phase("data", 1, 64).nograd_forward(3)
+    assert len(s.run(tracker)) == 2
+    assert tracker.outside["evaluation"] == pytest.approx(0.012)
+
+
+def test_two_loaders_zipped_are_one_fetch_of_the_step():
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(3):
+        s.phase("data", 1, 8).phase("data", 1, 8).forward(2).phase("backward", 2).phase("optimizer", 1)
+    steps = s.run()
+    assert len(steps) == 3
+    assert all(r.samples == 16 and r.phases["data"] == pytest.approx(0.002) for r in steps)
+
+
+def test_instrument_after_the_optimizer_exists_counts_one_step_per_update():
+    # no OPTIMIZER_CREATED: the agent started after the optimizer was built and found none
+    s = Seq()
+    for _ in range(5):
+        s.forward(1).phase("backward", 1).phase("optimizer", 1)
+    assert len(s.run()) == 5
+
+
+def test_boundaries_commit_once_per_iteration_for_commands():
+    """The training thread's commits (which start/stop profiler windows) match the steps."""
+    bounds = Boundaries()
+    bounds.optimizers_seen = True
+    commits = 0
+    for _ in range(6):
+        for phase, key in (("data", None), ("forward", None), ("backward", None), ("optimizer", "D"),
+                           ("forward", None), ("backward", None), ("optimizer", "G")):
+            commits += bounds.begin(phase, key)
+            bounds.end(phase, key)
+    assert commits == 5  # the 6th is committed by the next iteration (or the job's end)

@@ -24,6 +24,8 @@ class CudaResolver:
     @staticmethod
     def make_event() -> Any:
         torch = sys.modules["torch"]
+        if torch.cuda.is_current_stream_capturing():
+            return None  # recording an event into a CUDA graph capture would break the capture
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event

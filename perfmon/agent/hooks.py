@@ -1,27 +1,44 @@
 """Auto-instrumentation: the hooks that feed raw events to the agent.
 
-Every hook only appends a tuple to a deque (``emit``). Costs measured in FIELD-NOTES.md:
-DataLoader ``__next__`` wrap ~0.4 us, optimizer step hooks ~1.8 us, backward wrap ~2.3 us.
-Forward timing hooks only the root module(s): global module hooks are used briefly, during
-the first training step, to find the outermost modules called with grad enabled; then they
-are removed and per-instance hooks go on the roots alone.
+Every hook appends a tuple to a deque (``emit``) and asks :class:`Boundaries` whether a
+step just ended. Costs measured on this machine: DataLoader ``__next__`` wrap ~0.4 us,
+optimizer step hooks ~1.8 us, backward wrap ~2.3 us.
+
+Nothing is left on the user's objects. Forward timing wraps ``__call__`` of the *class* of
+each root module and times only the root instances (by identity), so a model pickles,
+``torch.save``-s and ``deepcopy``-s exactly as without perfmon, and a copy is never timed
+as the model. Roots are found during the first training step by wrapping
+``nn.Module.__call__`` (not global module hooks: ``torch.compile`` guards on those and
+warns about them); the wrapper steps aside while dynamo traces, so compiled code is the
+same as under plain python.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from perfmon.agent.steps import BEGIN, END, NOGRAD_FORWARD, OPTIMIZER_CREATED
+from perfmon.agent.steps import (
+    BEGIN,
+    BOUNDARY,
+    CHECKPOINT,
+    COPY,
+    END,
+    GRAD,
+    NOGRAD,
+    OPTIMIZER_CREATED,
+    Boundaries,
+)
 
 Emit = Callable[[int, Any], None]
 
-#: Stop looking for root modules after this many top-level calls (loops with no backward).
-_DISCOVERY_CALL_LIMIT = 64
+#: Stop looking for roots after this many top-level module calls with no step (inference loops).
+_DISCOVERY_CALL_LIMIT = 20_000
 
 
 def batch_size(batch: Any) -> int | None:
@@ -48,6 +65,12 @@ def loader_settings(loader: Any) -> dict[str, Any]:
     }
 
 
+def _compiling() -> Callable[[], bool]:
+    """``torch.compiler.is_compiling`` where it exists (dynamo folds it to True while tracing)."""
+    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return fn if callable(fn) else (lambda: False)
+
+
 class Instrumentation:
     """Installs and removes the patches; one instance per process."""
 
@@ -57,48 +80,84 @@ class Instrumentation:
         self._boundary = boundary
         self._on_error = on_error
         self._undo: list[Callable[[], None]] = []
-        self._discovery: list[Any] = []
-        self._depth = 0
+        self.bounds = Boundaries()
+        self.unavailable: list[str] = []  # what this torch lacks: measured as "not measured"
+        self._discovering = False
+        self._discovery_undo: Callable[[], None] | None = None
+        self._module_depth = 0  # module calls open on the training thread (discovery only)
+        self._in_data = 0  # inside a DataLoader fetch: module calls there are transforms, not the model
+        self._in_root = 0  # inside a root's forward: same-class submodules are not roots
         self._top_calls = 0
         self._candidates: dict[int, torch.nn.Module] = {}
-        self.roots: list[torch.nn.Module] = []
+        self._root_refs: dict[int, weakref.ref[torch.nn.Module]] = {}
+        self._root_classes: set[type] = set()
+        self._roots: list[weakref.ref[torch.nn.Module]] = []
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.loaders: dict[int, dict[str, Any]] = {}
-        self._root_ids: set[int] = set()
+
+    # -- the one path every hook takes -------------------------------------------------------
+    def begin(self, phase: str, arg: Any = None, key: Any = None) -> None:
+        """A phase begins on the training thread (commits the previous step if it is over)."""
+        try:
+            if self.bounds.begin(phase, key):
+                self._emit(BOUNDARY, None)
+                if self._discovering:
+                    self.finish_discovery()
+                self._boundary()
+            self._emit(BEGIN, phase if arg is None else arg)
+        except Exception as exc:  # noqa: BLE001 - never into training
+            self._on_error("hooks", exc)
+
+    def end(self, phase: str, arg: Any = None, key: Any = None) -> None:
+        try:
+            self._emit(END, phase if arg is None else arg)
+            self.bounds.end(phase, key)
+        except Exception as exc:  # noqa: BLE001
+            self._on_error("hooks", exc)
+
+    def explicit_step(self) -> None:
+        """The script called ``perfmon.step()``: from now on only its calls end steps."""
+        self.bounds.explicit = True
+        if self._discovering:
+            self.finish_discovery()
 
     # -- install -------------------------------------------------------------------------
     def install(self) -> None:
-        self._patch_dataloader()
-        self._patch_backward()
-        self._hook_optimizer()
-        self._patch_grad_scaler()
-        self._start_discovery()
+        for name, patch in (("DataLoader", self._patch_dataloader), ("backward", self._patch_backward),
+                            ("optimizer", self._hook_optimizer), ("GradScaler", self._patch_grad_scaler),
+                            ("torch.save", self._patch_save), ("forward", self._start_discovery)):
+            try:
+                patch()
+            except Exception as exc:  # noqa: BLE001 - a torch without this API: that part is not measured
+                self.unavailable.append(name)
+                self._on_error(f"hooks:{name}", exc)
+        self._find_existing_optimizers()
 
     def uninstall(self) -> None:
+        self._stop_discovery()
         for undo in reversed(self._undo):
             try:
                 undo()
             except Exception as exc:  # noqa: BLE001 - never raise at teardown
                 self._on_error("uninstall", exc)
         self._undo.clear()
-        self._stop_discovery()
 
     def _patch(self, owner: Any, name: str, make: Callable[[Callable], Callable]) -> None:
+        had_own = name in vars(owner) if isinstance(owner, type) else True
         original = getattr(owner, name)
         wrapped = make(original)
         functools.update_wrapper(wrapped, original)
         wrapped.__perfmon_original__ = original  # type: ignore[attr-defined]
         setattr(owner, name, wrapped)
-        self._undo.append(lambda: setattr(owner, name, original))
+        self._undo.append(lambda: setattr(owner, name, original) if had_own else delattr(owner, name))
 
     def _patch_dataloader(self) -> None:
         from torch.utils.data import dataloader
 
-        emit = self._emit
-
         def make(orig: Callable) -> Callable:
             def __next__(it: Any) -> Any:
-                emit(BEGIN, "data")
+                self.begin("data")
+                self._in_data += 1
                 n = None
                 try:
                     batch = orig(it)
@@ -108,7 +167,8 @@ class Instrumentation:
                         n = None
                     return batch
                 finally:
-                    emit(END, ("data", n))
+                    self._in_data -= 1
+                    self.end("data", ("data", n))
 
             return __next__
 
@@ -127,19 +187,13 @@ class Instrumentation:
         self._patch(dataloader.DataLoader, "__iter__", make_iter)
 
     def _patch_backward(self) -> None:
-        emit = self._emit
-
         def make(orig: Callable) -> Callable:
             def backward(*args: Any, **kwargs: Any) -> Any:
-                if self._discovery:
-                    self.finish_discovery()
-                emit(BEGIN, "backward")
+                self.begin("backward")
                 try:
                     return orig(*args, **kwargs)
                 finally:
-                    emit(END, "backward")
-                    if not self.optimizers:
-                        self._boundary()  # manual updates: a backward is the last thing a step does
+                    self.end("backward")
 
             return backward
 
@@ -148,14 +202,14 @@ class Instrumentation:
     def _hook_optimizer(self) -> None:
         from torch.optim import optimizer as optim_mod
 
-        emit = self._emit
-        boundary = self._boundary
+        def pre_hook(opt: Any, args: Any, kwargs: Any) -> None:
+            self._note_optimizer(opt)
+            self.begin("optimizer", key=id(opt))
 
         def post_hook(opt: Any, args: Any, kwargs: Any) -> None:
-            emit(END, "optimizer")
-            boundary()
+            self.end("optimizer", ("optimizer", id(opt)), id(opt))
 
-        pre = optim_mod.register_optimizer_step_pre_hook(lambda opt, args, kwargs: emit(BEGIN, "optimizer"))
+        pre = optim_mod.register_optimizer_step_pre_hook(pre_hook)
         post = optim_mod.register_optimizer_step_post_hook(post_hook)
         self._undo.append(pre.remove)
         self._undo.append(post.remove)
@@ -163,95 +217,163 @@ class Instrumentation:
         def make(orig: Callable) -> Callable:
             def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
                 orig(opt, *args, **kwargs)
-                emit(OPTIMIZER_CREATED, None)
-                try:
-                    self.optimizers.add(opt)
-                except TypeError:
-                    pass
+                self._note_optimizer(opt)
 
             return __init__
 
         self._patch(optim_mod.Optimizer, "__init__", make)
+
+    def _note_optimizer(self, opt: Any) -> None:
+        if opt in self.optimizers:
+            return
+        try:
+            self.optimizers.add(opt)
+        except TypeError:
+            pass
+        if not self.bounds.optimizers_seen:  # from now on a backward does not end a step
+            self.bounds.optimizers_seen = True
+            self._emit(OPTIMIZER_CREATED, None)
+
+    def _find_existing_optimizers(self) -> None:
+        """``perfmon.instrument()`` after the optimizer was built: find the ones that exist."""
+        try:
+            optimizer_cls = torch.optim.Optimizer
+            for obj in gc.get_objects():
+                # type(), not isinstance(): isinstance reads __class__, which some lazy objects answer with a warning
+                if issubclass(type(obj), optimizer_cls):
+                    self._note_optimizer(obj)
+        except Exception as exc:  # noqa: BLE001
+            self._on_error("hooks:optimizers", exc)
 
     def _patch_grad_scaler(self) -> None:
         # scaler.step() unscales, checks for inf and may skip optimizer.step(): the whole
         # call is the optimizer phase, so a skipped step still ends the training step.
         scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler_cls is None:
-            return
-        emit = self._emit
+            scaler_cls = torch.cuda.amp.GradScaler  # older torch: only the CUDA one
 
         def make(orig: Callable) -> Callable:
-            def step(scaler: Any, *args: Any, **kwargs: Any) -> Any:
-                emit(BEGIN, "optimizer")
+            def step(scaler: Any, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
+                key = id(optimizer)
+                self.begin("optimizer", key=key)
                 try:
-                    return orig(scaler, *args, **kwargs)
+                    return orig(scaler, optimizer, *args, **kwargs)
                 finally:
-                    emit(END, "optimizer")
+                    self.end("optimizer", ("optimizer", key), key)
 
             return step
 
         self._patch(scaler_cls, "step", make)
 
+    def _patch_save(self) -> None:
+        def make(orig: Callable) -> Callable:
+            def save(*args: Any, **kwargs: Any) -> Any:
+                self.begin(CHECKPOINT)
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    self.end(CHECKPOINT)
+
+            return save
+
+        self._patch(torch, "save", make)
+
     # -- root module discovery -------------------------------------------------------------
     def _start_discovery(self) -> None:
-        from torch.nn.modules import module as mod
+        module_cls = torch.nn.Module
+        original = module_cls.__call__
+        compiling = _compiling()
+        inst = self
 
-        emit = self._emit
+        def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            if compiling() or inst._module_depth or inst._in_data or inst._in_root:
+                inst._module_depth += 1
+                try:
+                    return original(mod, *args, **kwargs)
+                finally:
+                    inst._module_depth -= 1
+            # A top-level module call: time it as the root's wrapper will time later ones.
+            key = id(mod)
+            grad = torch.is_grad_enabled()
+            if key not in inst._root_refs:
+                inst._candidates.setdefault(key, mod)
+                inst._top_calls += 1
+            kind = GRAD if grad else NOGRAD
+            inst.begin("forward", ("forward", key, kind), kind)
+            inst._module_depth += 1
+            try:
+                return original(mod, *args, **kwargs)
+            finally:
+                inst._module_depth -= 1
+                inst.end("forward")
+                if inst._top_calls >= _DISCOVERY_CALL_LIMIT:
+                    inst.finish_discovery()
 
-        def pre(module: torch.nn.Module, args: Any) -> None:
-            if self._depth == 0 and id(module) not in self._root_ids:
-                # Time this call as the root's instance hooks will time later ones.
-                if torch.is_grad_enabled():
-                    self._candidates.setdefault(id(module), module)
-                else:
-                    emit(NOGRAD_FORWARD, None)
-                emit(BEGIN, "forward")
-                self._top_calls += 1
-            self._depth += 1
+        module_cls.__call__ = __call__  # type: ignore[method-assign]
 
-        def post(module: torch.nn.Module, args: Any, output: Any) -> None:
-            self._depth = max(0, self._depth - 1)
-            if self._depth == 0 and id(module) not in self._root_ids:
-                emit(END, "forward")
-                if self._top_calls >= _DISCOVERY_CALL_LIMIT:
-                    self.finish_discovery()
+        def undo() -> None:
+            module_cls.__call__ = original  # type: ignore[method-assign]
 
-        self._discovery = [
-            mod.register_module_forward_pre_hook(pre),
-            mod.register_module_forward_hook(post, always_call=True),
-        ]
+        self._discovery_undo = undo
+        self._discovering = True
 
     def _stop_discovery(self) -> None:
-        for handle in self._discovery:
-            handle.remove()
-        self._discovery = []
+        undo, self._discovery_undo = self._discovery_undo, None
+        self._discovering = False
+        if undo is not None:
+            undo()
 
     def finish_discovery(self) -> None:
-        """Hook the roots found so far and drop the global hooks. Training thread only."""
-        if not self._discovery:
+        """Time the roots found so far and unwrap ``nn.Module.__call__``. Training thread only."""
+        if not self._discovering:
             return
-        self._stop_discovery()
-        for module in self._candidates.values():
-            self.hook_root(module)
+        try:
+            self._stop_discovery()
+            for module in self._candidates.values():
+                self.hook_root(module)
+        except Exception as exc:  # noqa: BLE001
+            self._on_error("hooks:discovery", exc)
         self._candidates.clear()
 
     def hook_root(self, module: torch.nn.Module) -> None:
-        """Time every call of ``module`` as a forward phase."""
-        if id(module) in self._root_ids:
+        """Time every call of ``module`` (that instance only) as a forward phase."""
+        key = id(module)
+        if key in self._root_refs and self._root_refs[key]() is module:
             return
-        emit = self._emit
-        self._root_ids.add(id(module))
-        self.roots.append(module)
+        ref = weakref.ref(module)
+        self._root_refs[key] = ref
+        self._roots.append(ref)
+        cls = type(module)
+        if cls in self._root_classes:
+            return
+        self._root_classes.add(cls)
+        roots = self._root_refs
+        compiling = _compiling()
+        inst = self
 
-        def pre(mod: torch.nn.Module, args: Any) -> None:
-            if not torch.is_grad_enabled():
-                emit(NOGRAD_FORWARD, None)
-            emit(BEGIN, "forward")
+        def make(orig: Callable) -> Callable:
+            def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+                if inst._in_root or inst._in_data or compiling():
+                    return orig(mod, *args, **kwargs)
+                ref = roots.get(id(mod))
+                grad = torch.is_grad_enabled()
+                if grad:
+                    kind = GRAD
+                else:  # another instance of the model's class: a copy (EMA) or a sibling
+                    kind = NOGRAD if ref is not None and ref() is mod else COPY
+                inst.begin("forward", ("forward", id(mod), kind), kind)
+                inst._in_root += 1
+                try:
+                    return orig(mod, *args, **kwargs)
+                finally:
+                    inst._in_root -= 1
+                    inst.end("forward")
 
-        def post(mod: torch.nn.Module, args: Any, output: Any) -> None:
-            emit(END, "forward")
+            return __call__
 
-        handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post, always_call=True)]
-        self._undo.extend(h.remove for h in handles)
+        self._patch(cls, "__call__", make)
 
+    @property
+    def roots(self) -> list[torch.nn.Module]:
+        """The root modules still alive (held weakly: perfmon never keeps a model alive)."""
+        return [m for m in (r() for r in self._roots) if m is not None]

@@ -22,7 +22,7 @@ from perfmon import paths, protocol
 from perfmon.agent.cuda_timing import CudaResolver
 from perfmon.agent.recorder import Recorder
 from perfmon.agent.server import Server
-from perfmon.agent.steps import StepRecord, StepTracker
+from perfmon.agent.steps import BEGIN, END, STEP, StepRecord, StepTracker
 from perfmon.state import RunState
 
 #: Raw events kept if the publisher falls behind (oldest dropped beyond this).
@@ -66,8 +66,37 @@ class Agent:
     def emit(self, code: int, arg: Any = None) -> None:
         """Record one raw event. Called from hooks on the training thread: keep it trivial."""
         if self.enabled:
-            mark = self._cuda_event() if self.cuda_marks and self._cuda_event else None
+            mark = None
+            if self.cuda_marks:
+                try:
+                    mark = self._cuda_event()  # None while a stream captures a CUDA graph
+                except Exception as exc:  # noqa: BLE001 - never into training; host times go on
+                    self.cuda_marks = False
+                    self.record_error("cuda events", exc)
             self.events.append((code, time.perf_counter(), arg, mark))
+
+    # -- the public API's entry points (perfmon.step / perfmon.phase) -------------------------
+    def step(self) -> None:
+        """An explicit ``perfmon.step()``: only these end steps from now on."""
+        inst = self.instrumentation
+        if inst is not None:
+            inst.explicit_step()
+        self.emit(STEP, None)
+        self.boundary()
+
+    def begin(self, phase: str) -> None:
+        inst = self.instrumentation
+        if inst is not None:
+            inst.begin(phase)
+        else:
+            self.emit(BEGIN, phase)
+
+    def end(self, phase: str) -> None:
+        inst = self.instrumentation
+        if inst is not None:
+            inst.end(phase)
+        else:
+            self.emit(END, phase)
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -230,14 +259,21 @@ class Agent:
             if last is not None:
                 records.append(last)
         ready = self.cuda.resolve(records, final=final)
+        outside = {f"{k}_ms": _ms(v) for k, v in self.tracker.drain_outside().items()}
         # bounded lines: a backlog (a slow tick, 10k steps/s) goes out as several messages
         for i in range(0, len(ready), STEPS_PER_MESSAGE):
-            self._publish_steps(ready[i : i + STEPS_PER_MESSAGE])
+            self._publish_steps(ready[i : i + STEPS_PER_MESSAGE], outside)
+            outside = {}
+        if outside:  # evaluation or a checkpoint with no step after it (yet)
+            self._publish_steps([], outside)
 
-    def _publish_steps(self, records: list[tuple[StepRecord, dict[str, float] | None]]) -> None:
+    def _publish_steps(self, records: list[tuple[StepRecord, dict[str, float] | None]],
+                       outside: dict[str, float]) -> None:
         off = self._clock_offset
         with_dev = any(dev for _, dev in records)
-        fields = list(protocol.STEP_FIELDS) + (["dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"] if with_dev else [])
+        with_closures = any(rec.closures for rec, _ in records)
+        fields = list(protocol.STEP_FIELDS) + (["closures"] if with_closures else []) + (
+            ["dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"] if with_dev else [])
         rows = []
         for rec, dev in records:
             ph = rec.phases
@@ -245,11 +281,14 @@ class Agent:
                 rec.index, round(rec.end + off, 6), _ms(rec.duration), _ms(ph["data"]), _ms(ph["forward"]),
                 _ms(ph["backward"]), _ms(ph["optimizer"]), _ms(rec.other), rec.samples,
             ]
+            if with_closures:
+                row.append(rec.closures)
             if with_dev:
                 dev = dev or {}
                 row += [dev.get("forward"), dev.get("backward"), dev.get("optimizer")]
             rows.append(row)
-        self.publish(protocol.message("steps", fields=fields, rows=rows))
+        extra = {"outside": outside} if outside else {}
+        self.publish(protocol.message("steps", fields=fields, rows=rows, **extra))
 
     # -- discovery ---------------------------------------------------------------------------
     def _write_discovery(self) -> None:

@@ -1,17 +1,30 @@
-"""Step detection: turns the hot path's raw hook events into step records.
+"""Step detection: where steps begin and end, and what each one spent its time on.
 
-Pure Python, no torch: the hooks append ``(code, t, arg)`` tuples and this state machine,
-run on the agent's daemon thread, decides where steps begin and end. Rules:
+Pure Python, no torch. Two halves:
 
-* Only the outermost phase counts; phases nested inside it (LBFGS runs forward and
-  backward inside ``optimizer.step``; checkpointing re-runs forward inside backward)
-  are part of the outer phase, never counted twice.
-* A step ends when an outermost optimizer phase ends. Where no optimizer exists
-  (manual parameter updates), a step ends when data or a forward begins after a backward.
-* Once the script calls ``perfmon.step()``, only explicit calls end steps.
-* Evaluation: two forwards under ``no_grad`` in a row (no backward between) mean the loop
-  is evaluating; the partial step is discarded so eval time does not inflate a step.
-  A single no-grad forward (a frozen teacher, a target network) stays part of the step.
+* :class:`Boundaries` runs on the training thread inside the hooks. It decides, at the
+  moment a phase begins, whether the previous step is over (a *commit*), so that
+  commands (profiler windows, FLOP counts) start and stop on whole loop iterations.
+* :class:`StepTracker` runs on the agent's thread over the recorded events. It measures
+  each step: self time per phase, samples, closure evaluations, and the time spent
+  outside training steps (evaluation, checkpoints).
+
+Rules (README "What is measured, and how" says the same):
+
+* A step is one iteration of the training loop. It ends at its last optimizer step
+  (``optimizer.step`` or ``GradScaler.step``, skipped or not); the end is confirmed when
+  the next iteration begins: a DataLoader fetch, an optimizer that already stepped in
+  this step, or a forward once every optimizer of the loop has stepped. So a GAN's
+  discriminator and generator steps are one step, gradient accumulation is one step.
+* Without any optimizer (manual updates), a step ends at the backward followed by the
+  next data fetch or forward. Once the script calls ``perfmon.step()``, only its calls
+  end steps.
+* Nested phases are charged to the innermost (self time): LBFGS's forward and backward
+  inside ``step(closure)`` are forward and backward; "optimizer" is its own work.
+* Between steps, a stretch with evaluation forwards (a no-grad call of a trained model or
+  of a copy of it), extra DataLoader fetches or ``torch.save`` is time outside training
+  steps, never part of a step. A no-grad forward of a module that is never trained (a
+  frozen teacher) stays in the step.
 """
 
 from __future__ import annotations
@@ -20,13 +33,72 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Event codes (small ints keep the hot path cheap).
-BEGIN = 0  # arg: phase name
-END = 1  # arg: phase name, or ("data", samples) for data ends
+BEGIN = 0  # arg: phase name, or ("forward", module key, kind) from the forward hooks
+END = 1  # arg: phase name, ("data", samples) or ("optimizer", optimizer key)
 STEP = 2  # explicit perfmon.step()
-OPTIMIZER_CREATED = 3
-NOGRAD_FORWARD = 4  # a root forward began with grad disabled
+OPTIMIZER_CREATED = 3  # an optimizer exists: a backward does not end a step (gradient accumulation)
+NOGRAD_FORWARD = 4  # kept for old callers; forward kinds now travel in the BEGIN arg
+BOUNDARY = 5  # the hooks committed a step boundary (Boundaries said so)
+
+#: Forward kinds in a ("forward", key, kind) BEGIN arg.
+GRAD, NOGRAD, COPY = 0, 1, 2
 
 PHASES = ("data", "forward", "backward", "optimizer")
+CHECKPOINT = "checkpoint"  # torch.save: not a step phase; marks time outside steps
+OUTSIDE = ("evaluation", "checkpoint", "other")
+
+
+class Boundaries:
+    """The training thread's view of step boundaries. ``begin``/``end`` mirror the hooks.
+
+    ``begin`` returns True when the previous step is over, before the phase starts.
+    """
+
+    __slots__ = ("depth", "pending", "stepped", "cycle", "optimizers_seen", "explicit", "loader_loop")
+
+    # optimizers_seen: an optimizer exists or has stepped; until then a backward ends a step
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending = False  # a step's optimizer (or manual backward) ended: the next iteration ends it
+        self.stepped: set[Any] = set()  # optimizers that stepped since the last boundary
+        self.cycle: frozenset[Any] | None = None  # the optimizers one iteration steps, once learned
+        self.optimizers_seen = False
+        self.explicit = False
+        self.loader_loop = False  # iterations begin with a DataLoader fetch
+
+    def begin(self, phase: str, key: Any = None) -> bool:
+        """``key``: the optimizer for an optimizer phase, the forward kind (GRAD, NOGRAD, COPY) for a forward."""
+        commit = False
+        if self.depth == 0 and self.pending and not self.explicit:
+            if phase == "data" or phase == CHECKPOINT:
+                commit = True
+                self.loader_loop = self.loader_loop or phase == "data"
+            elif phase == "forward":
+                if not self.optimizers_seen or key not in (GRAD, None):
+                    commit = True  # manual updates, or a no-grad forward after the step: evaluation
+                else:  # a loop that fetches from a DataLoader begins its iterations there
+                    commit = not self.loader_loop and self.cycle is not None and self.stepped >= self.cycle
+            elif phase == "optimizer":
+                commit = key in self.stepped
+            if commit:
+                if self.cycle is None and self.optimizers_seen:
+                    self.cycle = frozenset(self.stepped)
+                self.stepped = set()
+                self.pending = False
+        self.depth += 1
+        return commit
+
+    def end(self, phase: str, key: Any = None) -> None:
+        if self.depth:
+            self.depth -= 1
+        if self.depth == 0:
+            if phase == "optimizer":
+                self.optimizers_seen = True
+                self.stepped.add(key)
+                self.pending = True
+            elif phase == "backward" and not self.optimizers_seen:
+                self.pending = True
 
 
 @dataclass
@@ -39,6 +111,7 @@ class StepRecord:
     phases: dict[str, float]
     samples: int | None
     marks: dict[str, list[tuple[Any, Any]]] = field(default_factory=dict)
+    closures: int = 0  # forwards run inside the optimizer (LBFGS-style closure evaluations)
 
     @property
     def duration(self) -> float:
@@ -49,118 +122,235 @@ class StepRecord:
         return max(0.0, self.duration - sum(self.phases.values()))
 
 
+class _Part:
+    """A step being built."""
+
+    __slots__ = ("start", "start_mark", "end", "end_mark", "acc", "samples", "closures", "marks")
+
+    def __init__(self, start: float, mark: Any) -> None:
+        self.start = start
+        self.start_mark = mark
+        self.end = start
+        self.end_mark: Any = None
+        self.acc = dict.fromkeys(PHASES, 0.0)
+        self.samples = 0
+        self.closures = 0
+        self.marks: dict[str, list[tuple[Any, Any]]] = {}
+
+    def absorb(self, other: _Part) -> None:
+        for k, v in other.acc.items():
+            self.acc[k] += v
+        self.samples += other.samples
+        self.closures += other.closures
+        for k, pairs in other.marks.items():
+            self.marks.setdefault(k, []).extend(pairs)
+        self.end, self.end_mark = other.end, other.end_mark
+
+
+class _Segment:
+    """A top-level data fetch, forward or checkpoint seen before this step's training work began."""
+
+    __slots__ = ("kind", "key", "copy", "begin", "end", "samples", "mark", "end_mark")
+
+    def __init__(self, kind: str, key: Any, copy: bool, begin: float, mark: Any) -> None:
+        self.kind = kind
+        self.key = key
+        self.copy = copy
+        self.begin = begin
+        self.end = begin
+        self.samples = 0
+        self.mark = mark
+        self.end_mark: Any = None
+
+
 class StepTracker:
-    """Feed events in order with :meth:`feed`; completed steps come back as a list."""
+    """Feed events in order with :meth:`feed`; completed steps come back one at a time."""
 
     def __init__(self) -> None:
         self.count = 0
         self.explicit = False
-        self.has_optimizer = False
-        self._depth = 0
-        self._phase: str | None = None
-        self._phase_start = 0.0
-        self._phase_mark: Any = None
-        self._nograd_streak = 0
-        self._pending_nograd = False
+        self.outside = dict.fromkeys(OUTSIDE, 0.0)  # seconds outside steps, drained by the agent
+        self._stack: list[tuple[str, Any]] = []  # open phases: name, begin mark
+        self._since = 0.0  # when the innermost open phase last resumed
+        self._trained: set[Any] = set()  # module keys seen in a forward with grad
+        self._optimizers_seen = False
+        self._part: _Part | None = None  # the step being built (None: nothing since the last one)
+        self._done: _Part | None = None  # ended at an optimizer step, waiting for the boundary
+        self._training = False  # the current part saw training work (grad forward, backward, optimizer)
+        self._segments: list[_Segment] = []  # before training work: candidates for "outside"
         self._last_t = 0.0
-        self._reset_partial()
 
-    def _reset_partial(self) -> None:
-        self._start: float | None = None
-        self._acc = dict.fromkeys(PHASES, 0.0)
-        self._samples = 0
-        self._after_backward = False
-        self._marks: dict[str, list[tuple[Any, Any]]] = {}
-        self._start_mark: Any = None
-
-    def finish(self) -> StepRecord | None:
-        """The job ended: a manual-update step whose backward was its last phase is complete."""
-        if self._depth == 0 and self._auto_close_on_next():
-            return self._close(self._last_t, None)
-        return None
-
+    # -- public -----------------------------------------------------------------------------
     def feed(self, code: int, t: float, arg: Any = None, mark: Any = None) -> StepRecord | None:
         """Apply one event; return the step it completed, if any."""
         self._last_t = t
         if code == BEGIN:
-            return self._begin(arg, t, mark)
-        if code == END:
-            return self._end(arg, t, mark)
-        if code == STEP:
-            first = not self.explicit
-            self.explicit = True
-            if first and self.count and not any(self._acc.values()):
-                return None  # an automatic boundary already closed this step just now
-            if self._start is None:  # step() with no phase before it: this call starts the clock
-                self._start, self._start_mark = t, mark
-                return None
-            return self._close(t, mark)
-        if code == OPTIMIZER_CREATED:
-            self.has_optimizer = True
-        elif code == NOGRAD_FORWARD:
-            self._pending_nograd = True
+            self._begin(arg, t, mark)
+        elif code == END:
+            self._end(arg, t, mark)
+        elif code == BOUNDARY:
+            return self._commit()
+        elif code == STEP:
+            return self._explicit_step(t, mark)
+        elif code == OPTIMIZER_CREATED:
+            self._optimizers_seen = True
         return None
 
-    def _begin(self, phase: str, t: float, mark: Any) -> StepRecord | None:
-        done = None
-        nograd, self._pending_nograd = self._pending_nograd, False
-        if self._depth == 0:
-            if phase in ("data", "forward") and self._auto_close_on_next():
-                done = self._close(t, mark)
-            if phase == "forward":
-                self._nograd_streak = self._nograd_streak + 1 if nograd else 0
-            if phase == "forward" and self._nograd_streak >= 2 and not self.explicit:
-                # Evaluating: drop the partial step and ignore this forward entirely.
-                self._reset_partial()
-                self._phase = None
-                self._depth += 1
-                return done
-            if self._start is None:
-                self._start = t
-                self._start_mark = mark
-            self._phase = phase
-            self._phase_start = t
-            self._phase_mark = mark
-        self._depth += 1
-        return done
-
-    def _auto_close_on_next(self) -> bool:
-        return self._after_backward and not self.has_optimizer and not self.explicit
-
-    def _end(self, arg: Any, t: float, mark: Any) -> StepRecord | None:
-        if self._depth == 0:
-            return None  # unbalanced end (an exception skipped a begin): ignore
-        self._depth -= 1
-        if self._depth or self._phase is None:
-            return None
-        samples = arg[1] if isinstance(arg, tuple) else None
-        phase = self._phase  # the outermost phase owns the time, whatever ended
-        self._phase = None
-        if self._start is None:  # partial step was discarded (evaluation) mid-phase
-            return None
-        self._acc[phase] += t - self._phase_start
-        if mark is not None and self._phase_mark is not None:
-            self._marks.setdefault(phase, []).append((self._phase_mark, mark))
-        if phase == "data" and samples:
-            self._samples += samples
-        elif phase == "backward":
-            self._after_backward = True
-            self._nograd_streak = 0
-        elif phase == "optimizer" and not self.explicit:
-            self.has_optimizer = True
-            return self._close(t, mark)
-        return None
-
-    def _close(self, t: float, mark: Any) -> StepRecord | None:
-        if self._start is None:
-            return None
-        self.count += 1
-        marks = dict(self._marks)
-        if mark is not None and self._start_mark is not None:
-            marks["step"] = [(self._start_mark, mark)]
-        rec = StepRecord(self.count, self._start, t, dict(self._acc), self._samples or None, marks)
-        self._reset_partial()
-        # The next step starts where this one ended: time between steps is "other".
-        self._start = t
-        self._start_mark = mark
+    def finish(self) -> StepRecord | None:
+        """The job ended: a step whose optimizer (or manual backward) ran is complete."""
+        rec = self._commit()
+        if self._part is not None and not self._training and self._segments:
+            self._settle_outside(self._last_t, len(self._segments))
+            self._segments = []
+            self._part = None
         return rec
+
+    def drain_outside(self) -> dict[str, float]:
+        """Seconds outside steps since the last call (only the non-zero kinds)."""
+        out = {k: v for k, v in self.outside.items() if v > 0}
+        if out:
+            self.outside = dict.fromkeys(OUTSIDE, 0.0)
+        return out
+
+    # -- phases -------------------------------------------------------------------------------
+    def _begin(self, arg: Any, t: float, mark: Any) -> None:
+        if type(arg) is tuple:
+            phase, key, kind = arg
+        else:
+            phase, key, kind = arg, None, GRAD
+        if phase == "forward" and kind == GRAD and key is not None:
+            self._trained.add(key)
+        stack = self._stack
+        if stack:
+            self._charge(t)
+            if phase == "forward" and stack[-1][0] == "optimizer":
+                self._current(t, mark).closures += 1
+        else:
+            part = self._current(t, mark)
+            if not (self._training or self.explicit):
+                if phase in ("backward", "optimizer") or (phase == "forward" and kind == GRAD):
+                    self._start_training(t, part)
+                else:
+                    self._segments.append(_Segment(phase, key, kind == COPY, t, mark))
+        stack.append((phase, mark))
+        self._since = t
+
+    def _end(self, arg: Any, t: float, mark: Any) -> None:
+        if not self._stack:
+            return  # unbalanced end (an exception skipped a begin): ignore
+        self._charge(t)
+        phase, begin_mark = self._stack.pop()
+        self._since = t
+        if self._stack or self._part is None:
+            return
+        samples = arg[1] if phase == "data" and type(arg) is tuple and arg[1] else 0
+        if not (self._training or self.explicit):
+            if self._segments:
+                seg = self._segments[-1]
+                seg.end, seg.end_mark, seg.samples = t, mark, seg.samples + samples
+            return
+        part = self._part
+        if mark is not None and begin_mark is not None and phase in part.acc:
+            part.marks.setdefault(phase, []).append((begin_mark, mark))
+        part.samples += samples
+        if self.explicit:
+            return
+        if phase == "optimizer":
+            self._optimizers_seen = True
+        elif phase != "backward" or self._optimizers_seen:
+            return
+        # The step may end here: the boundary (next iteration) confirms it, or a second
+        # optimizer of the same iteration (GAN: D then G) moves the end further.
+        part.end, part.end_mark = t, mark
+        if self._done is None:
+            self._done = part
+        else:
+            self._done.absorb(part)
+        self._part = _Part(t, mark)
+
+    def _charge(self, t: float) -> None:
+        """Charge the time since the innermost phase last resumed to it (self time)."""
+        phase = self._stack[-1][0]
+        if phase in PHASES and (self._training or self.explicit):
+            self._current(t, None).acc[phase] += t - self._since
+
+    # -- boundaries ----------------------------------------------------------------------------
+    def _current(self, t: float, mark: Any) -> _Part:
+        if self._part is None:
+            self._part = _Part(t, mark)
+        return self._part
+
+    def _start_training(self, t: float, part: _Part) -> None:
+        """Training work began: decide where this step started and what before it was outside."""
+        segs = self._segments
+        trained = self._trained
+        last_eval = max((i for i, s in enumerate(segs)
+                         if s.kind == "forward" and (s.copy or s.key in trained)), default=-1)
+        data = [i for i in range(last_eval + 1, len(segs)) if segs[i].kind == "data"]
+        if data:
+            start = data[-1]
+            while start - 1 > last_eval and segs[start - 1].kind == "data":
+                start -= 1  # several loaders fetched together (a zip of two DataLoaders)
+        else:
+            start = last_eval + 1  # no-grad forwards of never-trained modules (teachers) stay in
+        if start > 0:
+            begin, begin_mark = (segs[start].begin, segs[start].mark) if start < len(segs) else (t, None)
+            self._settle_outside(begin, start)
+            part = self._part = _Part(begin, begin_mark)
+        for seg in segs[start:]:
+            if seg.kind in part.acc:
+                part.acc[seg.kind] += seg.end - seg.begin
+                if seg.mark is not None and seg.end_mark is not None:
+                    part.marks.setdefault(seg.kind, []).append((seg.mark, seg.end_mark))
+            part.samples += seg.samples
+        self._segments = []
+        self._training = True
+
+    def _settle_outside(self, until: float, upto: int) -> None:
+        """Everything from the part's start to ``until`` is outside steps; say what it was."""
+        part = self._part
+        if part is None:
+            return
+        total = max(0.0, until - part.start)
+        segs = self._segments[:upto]
+        ckpt = min(total, sum(s.end - s.begin for s in segs if s.kind == CHECKPOINT))
+        self.outside["checkpoint"] += ckpt
+        kind = "evaluation" if any(s.kind != CHECKPOINT for s in segs) else "other"
+        self.outside[kind] += total - ckpt
+
+    def _commit(self) -> StepRecord | None:
+        done = self._done
+        if done is None:
+            return None
+        self._done = None
+        part = self._part
+        if part is None or not any(part.acc[p] for p in ("forward", "backward", "optimizer")):
+            self._training = False  # the next iteration starts undecided: evaluation may come first
+        return self._record(done)
+
+    def _explicit_step(self, t: float, mark: Any) -> StepRecord | None:
+        first = not self.explicit
+        self.explicit = True
+        part = self._current(t, mark)
+        if first:
+            for seg in self._segments:  # undecided fetches and forwards are this step's
+                if seg.kind in part.acc:
+                    part.acc[seg.kind] += seg.end - seg.begin
+                part.samples += seg.samples
+            self._segments = []
+            if self._done is not None:
+                self._done.absorb(part)  # the automatic end was not the end: this call is
+                part, self._done = self._done, None
+            elif part.start == t and not self._stack:
+                return None  # step() with nothing before it: this call starts the clock
+        part.end, part.end_mark = t, mark
+        self._part = _Part(t, mark)
+        return self._record(part)
+
+    def _record(self, part: _Part) -> StepRecord:
+        self.count += 1
+        marks = dict(part.marks)
+        if part.end_mark is not None and part.start_mark is not None:
+            marks["step"] = [(part.start_mark, part.end_mark)]
+        return StepRecord(self.count, part.start, part.end, dict(part.acc), part.samples or None, marks,
+                          part.closures)
