@@ -133,10 +133,12 @@ def test_replay_source_skips_garbage_and_partial_last_line(tmp_path):
 
 
 def test_a_large_backlog_goes_out_in_bounded_lines(agent):
-    from perfmon.agent.steps import BEGIN, END, OPTIMIZER_CREATED
+    from perfmon.agent.steps import BEGIN, BOUNDARY, END, OPTIMIZER_CREATED
 
     agent.emit(OPTIMIZER_CREATED)
-    for _ in range(25_000):  # a publisher that fell behind: one flush sees 25k steps
+    for i in range(25_000):  # a publisher that fell behind: one flush sees 25k steps
+        if i:
+            agent.emit(BOUNDARY)  # the hooks commit the previous step as the next one begins
         agent.emit(BEGIN, "optimizer")
         agent.emit(END, "optimizer")
     agent.finish({"code": 0})

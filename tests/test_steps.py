@@ -65,7 +65,10 @@ class Seq:
                 if bounds.begin(phase, key):
                     out.append(tracker.feed(BOUNDARY, t))
             elif code == END:
-                bounds.end(arg[0] if isinstance(arg, tuple) else arg, key)
+                out.append(tracker.feed(code, t, arg))
+                if bounds.end(arg[0] if isinstance(arg, tuple) else arg, key):
+                    out.append(tracker.feed(BOUNDARY, t))
+                continue
             elif code == STEP:
                 bounds.explicit = True
             elif code == OPTIMIZER_CREATED:
@@ -238,13 +241,15 @@ def test_gan_two_optimizers_per_batch_is_one_step(loader):
     assert all(r.duration == pytest.approx(steps[0].duration + 0.0005) for r in steps[1:])
 
 
-def test_wgan_critic_steps_with_a_loader_count_batches():
+def test_wgan_critic_steps_count_batches_once_both_optimizers_have_stepped():
     s = Seq().mark(OPTIMIZER_CREATED)
-    for i in range(10):
+    for i in range(15):
         s.phase("data", 1, 8).forward(1, "D").phase("backward", 1).phase("optimizer", 1, opt="optD")
         if i % 5 == 4:
             s.forward(1, "G").phase("backward", 1).phase("optimizer", 1, opt="optG")
-    assert len(s.run()) == 10
+    # While only the critic has stepped, each update ends its step at once; the generator's first update
+    # (batch 5) therefore counts as a step of its own. From then on every batch is exactly one step.
+    assert len(s.run()) == 16
 
 
 def test_nanogpt_accumulation_without_loader_splits_the_first_step_right():
@@ -380,5 +385,17 @@ def test_boundaries_commit_once_per_iteration_for_commands():
         for phase, key in (("data", None), ("forward", None), ("backward", None), ("optimizer", "D"),
                            ("forward", None), ("backward", None), ("optimizer", "G")):
             commits += bounds.begin(phase, key)
-            bounds.end(phase, key)
+            commits += bounds.end(phase, key)
     assert commits == 5  # the 6th is committed by the next iteration (or the job's end)
+
+
+def test_single_optimizer_steps_end_at_the_update_once_the_loop_is_known():
+    """One optimizer: from the second step on, the step ends at its update (a stalled loop still shows it)."""
+    bounds = Boundaries()
+    bounds.optimizers_seen = True
+    at_end = []
+    for _ in range(4):
+        for phase, key in (("data", None), ("forward", GRAD), ("backward", None), ("optimizer", "opt")):
+            bounds.begin(phase, key)
+            at_end.append(bounds.end(phase, key))
+    assert at_end[3::4] == [False, True, True, True]  # the first waits for the next fetch to learn the loop

@@ -31,7 +31,27 @@ def _trim(tb: TracebackType | None) -> TracebackType | None:
 
     while tb is not None and is_ours(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
-    return tb
+    return _without_hook_frames(tb)
+
+
+def _without_hook_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The same traceback without the frames of perfmon's wrappers (a Dataset error raised through the
+    DataLoader wrapper, Ctrl-C during backward): what plain python would print."""
+    hooks_file = os.path.abspath(hooks_module_file())
+    kept = []
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) != hooks_file:
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for entry in reversed(kept):
+        out = types.TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return out
+
+
+def hooks_module_file() -> str:
+    """The file of perfmon's hook wrappers, without importing torch."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "hooks.py")
 
 
 def run_script(path: str) -> None:
@@ -105,7 +125,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt as exc:
         interrupted = True
         exit_info.update(code=None, signal="SIGINT", exception="KeyboardInterrupt")
-        exc.__traceback__ = _trim(exc.__traceback__)
+        _trim_chain(exc)
         traceback.print_exception(type(exc), exc, exc.__traceback__)
     except ImportError as exc:
         if module is not None and getattr(exc, "name", None) == module.split(".")[0] and _trim(exc.__traceback__) is None:
@@ -124,9 +144,22 @@ def main(argv: list[str]) -> int:
     return int(exit_info["code"] or 0)
 
 
+def _trim_chain(exc: BaseException) -> None:
+    """Trim the traceback of ``exc`` and of the exceptions it chains (``raise ... from``, during handling)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = _trim(e.__traceback__) if e is exc else _without_hook_frames(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
+
+
 def _exception_info(exc: BaseException) -> dict:
-    tb = _trim(exc.__traceback__)
-    exc.__traceback__ = tb  # the default excepthook prints the exception's own traceback
+    _trim_chain(exc)
+    tb = exc.__traceback__  # the default excepthook prints the exception's own traceback
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     try:
         sys.excepthook(type(exc), exc, tb)

@@ -31,6 +31,8 @@ class Commands:
         self.window: Any = None
         self.flops_mode: Any = None
         self.last_profile: dict[str, Any] | None = None
+        #: The memory_snapshot flow (allocation history for N steps, then a snapshot), made at the first request.
+        self.memory: Any = None  # perfmon.agent.memory_history.MemorySnapshots
         self._queue: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]] = []
         self._lock = threading.Lock()
         self.pending = self.count_flops_at_start
@@ -52,8 +54,23 @@ class Commands:
         if name == "empty_cache" and not cuda:
             answer({"ok": True, "done": True, "message": "no CUDA device: nothing to free"})
             return
-        if name == "memory_snapshot" and not cuda:
-            answer({"ok": False, "done": True, "message": "memory snapshot: n/a (no CUDA device)"})
+        if name == "memory_snapshot":
+            if not cuda:
+                answer({"ok": False, "done": True, "message": "memory snapshot: n/a (no CUDA device)"})
+                return
+            if self.memory is None:
+                from perfmon.agent.memory_history import MemorySnapshots
+
+                self.memory = MemorySnapshots(self.run_dir / "memory", lambda: self.agent.tracker.count,
+                                              self.agent.record_error)
+            refusal = self.memory.check(msg, queued=any(q[0] == name for q in self._queue))
+            if refusal is not None:
+                answer(refusal)
+                return
+            with self._lock:
+                self._queue.append((name, msg, answer))
+                self.pending = True
+            answer(self.memory.accepted(msg))
             return
         if name == "export":
             answer(self.export())
@@ -73,7 +90,9 @@ class Commands:
     def boundary(self) -> None:
         """A step just ended on the training thread."""
         self.boundaries += 1
-        if not self.pending and self.window is None and self.flops_mode is None and not self._periodic_due():
+        memory = self.memory
+        if (not self.pending and self.window is None and self.flops_mode is None
+                and (memory is None or not memory.recording) and not self._periodic_due()):
             return
         try:
             self._boundary_work()
@@ -91,6 +110,8 @@ class Commands:
                 self.window = None  # "stopped" is published once the summary is done: it costs CPU too
         if self.flops_mode is not None:
             self._finish_flops()
+        if self.memory is not None and self.memory.recording:
+            self.memory.boundary()  # one more step of allocation history; the snapshot after the last
         with self._lock:
             queue, self._queue = self._queue, []
             self.pending = False
@@ -144,14 +165,8 @@ class Commands:
                 "message": f"empty_cache: reserved {before / 2**20:,.0f} MiB -> {after / 2**20:,.0f} MiB"})
 
     def _do_memory_snapshot(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
-        torch = sys.modules["torch"]
-        out = self.run_dir / "memory" / f"snapshot-step{self.agent.tracker.count}-{int(time.time())}.pickle"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # history recording must have been on to show allocations; turn it on for the next snapshots
-        torch.cuda.memory._record_memory_history(max_entries=100_000)
-        torch.cuda.memory._dump_snapshot(str(out))
-        answer({"ok": True, "done": True, "path": str(out),
-                "message": f"memory snapshot saved: {out} (open it at pytorch.org/memory_viz)"})
+        if self.memory is not None:  # always made by request
+            self.memory.begin(msg, answer)
 
     def _do_count_flops(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
         from torch.utils.flop_counter import FlopCounterMode
@@ -200,3 +215,5 @@ class Commands:
             except Exception:  # noqa: BLE001
                 pass
             self.flops_mode = None
+        if self.memory is not None:
+            self.memory.finish()  # recording perfmon started: save what it has, turn it off

@@ -15,10 +15,11 @@ same as under plain python.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -83,14 +84,14 @@ class Instrumentation:
         self.bounds = Boundaries()
         self.unavailable: list[str] = []  # what this torch lacks: measured as "not measured"
         self._discovering = False
-        self._discovery_undo: Callable[[], None] | None = None
+        #: classes whose __call__ perfmon wrapped: original, wrapper, whether the class defined it itself
+        self._calls: dict[type, tuple[Any, Callable, bool]] = {}
         self._module_depth = 0  # module calls open on the training thread (discovery only)
         self._in_data = 0  # inside a DataLoader fetch: module calls there are transforms, not the model
         self._in_root = 0  # inside a root's forward: same-class submodules are not roots
         self._top_calls = 0
         self._candidates: dict[int, torch.nn.Module] = {}
         self._root_refs: dict[int, weakref.ref[torch.nn.Module]] = {}
-        self._root_classes: set[type] = set()
         self._roots: list[weakref.ref[torch.nn.Module]] = []
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self.loaders: dict[int, dict[str, Any]] = {}
@@ -100,10 +101,7 @@ class Instrumentation:
         """A phase begins on the training thread (commits the previous step if it is over)."""
         try:
             if self.bounds.begin(phase, key):
-                self._emit(BOUNDARY, None)
-                if self._discovering:
-                    self.finish_discovery()
-                self._boundary()
+                self._commit()
             self._emit(BEGIN, phase if arg is None else arg)
         except Exception as exc:  # noqa: BLE001 - never into training
             self._on_error("hooks", exc)
@@ -111,9 +109,17 @@ class Instrumentation:
     def end(self, phase: str, arg: Any = None, key: Any = None) -> None:
         try:
             self._emit(END, phase if arg is None else arg)
-            self.bounds.end(phase, key)
+            if self.bounds.end(phase, key):
+                self._commit()
         except Exception as exc:  # noqa: BLE001
             self._on_error("hooks", exc)
+
+    def _commit(self) -> None:
+        """A step is over: tell the tracker, end discovery after the first, run pending commands."""
+        self._emit(BOUNDARY, None)
+        if self._discovering:
+            self.finish_discovery()
+        self._boundary()
 
     def explicit_step(self) -> None:
         """The script called ``perfmon.step()``: from now on only its calls end steps."""
@@ -125,7 +131,8 @@ class Instrumentation:
     def install(self) -> None:
         for name, patch in (("DataLoader", self._patch_dataloader), ("backward", self._patch_backward),
                             ("optimizer", self._hook_optimizer), ("GradScaler", self._patch_grad_scaler),
-                            ("torch.save", self._patch_save), ("forward", self._start_discovery)):
+                            ("torch.save", self._patch_save), ("torch.compile", self._patch_compile),
+                            ("forward", self._start_discovery)):
             try:
                 patch()
             except Exception as exc:  # noqa: BLE001 - a torch without this API: that part is not measured
@@ -134,7 +141,12 @@ class Instrumentation:
         self._find_existing_optimizers()
 
     def uninstall(self) -> None:
-        self._stop_discovery()
+        self._discovering = False
+        for cls in list(self._calls):
+            try:
+                self._unwrap_call(cls)
+            except Exception as exc:  # noqa: BLE001 - never raise at teardown
+                self._on_error("uninstall", exc)
         for undo in reversed(self._undo):
             try:
                 undo()
@@ -278,50 +290,101 @@ class Instrumentation:
 
         self._patch(torch, "save", make)
 
-    # -- root module discovery -------------------------------------------------------------
+    # -- module __call__ wrappers: discovery, then the roots' classes ---------------------------
+    def _wrap_call(self, cls: type, make: Callable[[Callable], Callable]) -> None:
+        """Replace ``cls.__call__`` (kept in ``_calls`` so it can be lifted and put back)."""
+        had_own = "__call__" in vars(cls)
+        original = cls.__call__
+        wrapped = make(original)
+        functools.update_wrapper(wrapped, original)
+        self._calls[cls] = (original, wrapped, had_own)
+        cls.__call__ = wrapped  # type: ignore[method-assign]
+
+    def _unwrap_call(self, cls: type) -> None:
+        original, _, had_own = self._calls.pop(cls)
+        if had_own:
+            cls.__call__ = original  # type: ignore[method-assign]
+        else:
+            delattr(cls, "__call__")
+
+    @contextlib.contextmanager
+    def _calls_lifted(self) -> Iterator[None]:
+        """Plain ``__call__`` everywhere while torch.compile builds a module: it captures
+        ``module.__call__`` and would otherwise compile perfmon's wrapper as the user's frame."""
+        lifted = list(self._calls.items())
+        for cls, (original, _, had_own) in lifted:
+            if had_own:
+                cls.__call__ = original  # type: ignore[method-assign]
+            else:
+                delattr(cls, "__call__")
+        try:
+            yield
+        finally:
+            for cls, (_, wrapped, _) in lifted:
+                if cls in self._calls:
+                    cls.__call__ = wrapped  # type: ignore[method-assign]
+
+    def _patch_compile(self) -> None:
+        def make(orig: Callable) -> Callable:
+            def compile(*args: Any, **kwargs: Any) -> Any:
+                with self._calls_lifted():
+                    result = orig(*args, **kwargs)
+                try:  # compiled after discovery: the compiled module is timed as its model was
+                    model = args[0] if args else kwargs.get("model")
+                    if isinstance(result, torch.nn.Module) and self._is_root(model):
+                        self.hook_root(result)
+                except Exception as exc:  # noqa: BLE001
+                    self._on_error("hooks:compile", exc)
+                return result
+
+            return compile
+
+        self._patch(torch, "compile", make)
+
+    def _is_root(self, module: Any) -> bool:
+        ref = self._root_refs.get(id(module))
+        return ref is not None and ref() is module
+
     def _start_discovery(self) -> None:
-        module_cls = torch.nn.Module
-        original = module_cls.__call__
         compiling = _compiling()
         inst = self
 
-        def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-            if compiling() or inst._module_depth or inst._in_data or inst._in_root:
+        def make(original: Callable) -> Callable:
+            def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+                if compiling():  # first, alone: dynamo folds it and reads nothing of perfmon's
+                    return original(mod, *args, **kwargs)
+                if not inst._discovering or inst._module_depth or inst._in_data or inst._in_root:
+                    inst._module_depth += 1
+                    try:
+                        return original(mod, *args, **kwargs)
+                    finally:
+                        inst._module_depth -= 1
+                # A top-level module call: time it as the root's wrapper will time later ones.
+                key = id(mod)
+                kind = GRAD if torch.is_grad_enabled() else NOGRAD
+                if key not in inst._root_refs:
+                    inst._candidates.setdefault(key, mod)
+                    inst._top_calls += 1
+                inst.begin("forward", ("forward", key, kind), kind)
                 inst._module_depth += 1
                 try:
                     return original(mod, *args, **kwargs)
                 finally:
                     inst._module_depth -= 1
-            # A top-level module call: time it as the root's wrapper will time later ones.
-            key = id(mod)
-            grad = torch.is_grad_enabled()
-            if key not in inst._root_refs:
-                inst._candidates.setdefault(key, mod)
-                inst._top_calls += 1
-            kind = GRAD if grad else NOGRAD
-            inst.begin("forward", ("forward", key, kind), kind)
-            inst._module_depth += 1
-            try:
-                return original(mod, *args, **kwargs)
-            finally:
-                inst._module_depth -= 1
-                inst.end("forward")
-                if inst._top_calls >= _DISCOVERY_CALL_LIMIT:
-                    inst.finish_discovery()
+                    inst.end("forward")
+                    if inst._top_calls >= _DISCOVERY_CALL_LIMIT:
+                        inst.finish_discovery()
 
-        module_cls.__call__ = __call__  # type: ignore[method-assign]
+            return __call__
 
-        def undo() -> None:
-            module_cls.__call__ = original  # type: ignore[method-assign]
-
-        self._discovery_undo = undo
+        self._wrap_call(torch.nn.Module, make)
         self._discovering = True
 
     def _stop_discovery(self) -> None:
-        undo, self._discovery_undo = self._discovery_undo, None
-        self._discovering = False
-        if undo is not None:
-            undo()
+        if self._discovering:
+            self._discovering = False
+            if torch.nn.Module in self._calls:
+                self._unwrap_call(torch.nn.Module)
 
     def finish_discovery(self) -> None:
         """Time the roots found so far and unwrap ``nn.Module.__call__``. Training thread only."""
@@ -337,27 +400,26 @@ class Instrumentation:
 
     def hook_root(self, module: torch.nn.Module) -> None:
         """Time every call of ``module`` (that instance only) as a forward phase."""
-        key = id(module)
-        if key in self._root_refs and self._root_refs[key]() is module:
+        if self._is_root(module):
             return
         ref = weakref.ref(module)
-        self._root_refs[key] = ref
+        self._root_refs[id(module)] = ref
         self._roots.append(ref)
         cls = type(module)
-        if cls in self._root_classes:
+        if cls in self._calls:
             return
-        self._root_classes.add(cls)
         roots = self._root_refs
         compiling = _compiling()
         inst = self
 
         def make(orig: Callable) -> Callable:
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-                if inst._in_root or inst._in_data or compiling():
+                if compiling():  # first, alone (see discovery)
+                    return orig(mod, *args, **kwargs)
+                if inst._in_root or inst._in_data:
                     return orig(mod, *args, **kwargs)
                 ref = roots.get(id(mod))
-                grad = torch.is_grad_enabled()
-                if grad:
+                if torch.is_grad_enabled():
                     kind = GRAD
                 else:  # another instance of the model's class: a copy (EMA) or a sibling
                     kind = NOGRAD if ref is not None and ref() is mod else COPY
@@ -371,7 +433,7 @@ class Instrumentation:
 
             return __call__
 
-        self._patch(cls, "__call__", make)
+        self._wrap_call(cls, make)
 
     @property
     def roots(self) -> list[torch.nn.Module]:

@@ -54,7 +54,7 @@ class Boundaries:
     ``begin`` returns True when the previous step is over, before the phase starts.
     """
 
-    __slots__ = ("depth", "pending", "stepped", "cycle", "optimizers_seen", "explicit", "loader_loop")
+    __slots__ = ("depth", "pending", "stepped", "cycle", "optimizers_seen", "explicit", "loader_loop", "keys")
 
     # optimizers_seen: an optimizer exists or has stepped; until then a backward ends a step
 
@@ -66,6 +66,7 @@ class Boundaries:
         self.optimizers_seen = False
         self.explicit = False
         self.loader_loop = False  # iterations begin with a DataLoader fetch
+        self.keys: set[Any] = set()  # every optimizer that ever stepped
 
     def begin(self, phase: str, key: Any = None) -> bool:
         """``key``: the optimizer for an optimizer phase, the forward kind (GRAD, NOGRAD, COPY) for a forward."""
@@ -89,7 +90,8 @@ class Boundaries:
         self.depth += 1
         return commit
 
-    def end(self, phase: str, key: Any = None) -> None:
+    def end(self, phase: str, key: Any = None) -> bool:
+        """Returns True when the step is certainly over already (a loop with a single optimizer)."""
         if self.depth:
             self.depth -= 1
         if self.depth == 0:
@@ -97,8 +99,17 @@ class Boundaries:
                 self.optimizers_seen = True
                 self.stepped.add(key)
                 self.pending = True
+                self.keys.add(key)
+                # One optimizer, one update per iteration: the step ends now, so a loop that stalls (or
+                # is killed) after its update has it recorded. Several optimizers wait for the next iteration.
+                if (not self.explicit and self.cycle is not None and len(self.keys) == 1
+                        and self.stepped >= self.cycle):
+                    self.stepped = set()
+                    self.pending = False
+                    return True
             elif phase == "backward" and not self.optimizers_seen:
                 self.pending = True
+        return False
 
 
 @dataclass
@@ -111,7 +122,7 @@ class StepRecord:
     phases: dict[str, float]
     samples: int | None
     marks: dict[str, list[tuple[Any, Any]]] = field(default_factory=dict)
-    closures: int = 0  # forwards run inside the optimizer (LBFGS-style closure evaluations)
+    closures: int = 0  # backwards run inside the optimizer (LBFGS-style closure evaluations)
 
     @property
     def duration(self) -> float:
@@ -223,8 +234,8 @@ class StepTracker:
         stack = self._stack
         if stack:
             self._charge(t)
-            if phase == "forward" and stack[-1][0] == "optimizer":
-                self._current(t, mark).closures += 1
+            if phase == "backward" and stack[-1][0] == "optimizer":
+                self._current(t, mark).closures += 1  # one backward per closure, however many modules it calls
         else:
             part = self._current(t, mark)
             if not (self._training or self.explicit):

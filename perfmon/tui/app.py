@@ -64,7 +64,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "p": ("profile", "Profile", "profiler window at the next step (ops view)"),
     "c": ("empty_cache", "Free cache", "empty the CUDA caching allocator's cache"),
     "f": ("count_flops", "FLOPs", "count one step's FLOPs (MFU, model view)"),
-    "m": ("memory_snapshot", "Mem snapshot", "save a CUDA memory snapshot"),
+    "m": ("memory_snapshot", "Mem snapshot", "record 5 steps, save a CUDA memory snapshot"),
     "e": ("export", "Export", "export the last window's top ops to a file"),
 }
 #: The dashboard's keys. To add one: a Binding here (the tooltip is its help line) and an ``action_*``.

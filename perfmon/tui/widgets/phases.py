@@ -40,6 +40,7 @@ class PhaseInfo:
     series: tuple[float, ...]
     span: str
     device_timed: bool = False
+    notes: str = ""  # time outside steps, closure evaluations: one line under the bar when there is any
 
     @classmethod
     def from_state(cls, state: RunState, span_index: int = 0) -> PhaseInfo:
@@ -53,12 +54,27 @@ class PhaseInfo:
             series=tuple(state.step_series.values(seconds)),
             span=label,
             device_timed=state.device_timed,
+            notes=notes_line(state),
         )
 
     def stats(self, recent: bool = True) -> Stats:
         """The stats back as ``{phase: {mean_ms, p50_ms, p95_ms, share}}``."""
         keys = ("mean_ms", "p50_ms", "p95_ms", "share")
         return {p: dict(zip(keys, v, strict=True)) for p, v in (self.recent if recent else self.total)}
+
+
+def notes_line(state: RunState) -> str:
+    """Time outside training steps and closure evaluations, in words ("" when there is none)."""
+    parts = []
+    shares = state.outside_shares()
+    if shares:
+        kinds = ", ".join(f"{k} {fmt.share(v)}" for k, v in shares.items() if v > 0)
+        if kinds:
+            parts.append(f"outside steps: {kinds} of wall time")
+    closures = state.closures_per_step()
+    if closures:
+        parts.append(f"{closures:.1f} closure evaluations/step")
+    return " · ".join(parts)
 
 
 def _freeze(stats: Stats) -> tuple[tuple[str, tuple[float | None, ...]], ...]:
@@ -203,6 +219,8 @@ class PhasesView:
         else:
             lines = table + self.chart_lines(width, self.chart_height)
         lines.append(self.bar_line(width))
+        if self.info.notes:
+            lines.append(Text(self.info.notes, self.styles["heading"], no_wrap=True, overflow="ellipsis"))
         for line in lines:
             line.truncate(width)
             yield from line.render(console)
@@ -225,16 +243,21 @@ class PhasesPanel(StyledWidget):
     def span(self) -> tuple[str, float | None]:
         return SPANS[self.span_index % len(SPANS)]
 
+    def watch_info(self, old: PhaseInfo | None, new: PhaseInfo | None) -> None:
+        if bool(old and old.notes) != bool(new and new.notes):
+            self.refresh(layout=True)  # the notes line comes or goes: the panel's height changes
+
     def chart_height(self) -> int:
         """Rows of the step-time chart when it sits below the table."""
         return 4 if self.app.size.height >= 32 else 1
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        notes = 1 if self.info is not None and self.info.notes else 0
         side = width - TABLE_W - GAP
         if side >= SIDE_CHART_MIN:
-            return TABLE_LINES + 1
+            return TABLE_LINES + 1 + notes
         chart = self.chart_height()
-        return TABLE_LINES + 1 + chart + (1 if chart > 1 else 0)
+        return TABLE_LINES + 1 + chart + (1 if chart > 1 else 0) + notes
 
     def render(self) -> PhasesView:
         styles = self.component_styles()

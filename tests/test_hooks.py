@@ -1,0 +1,218 @@
+"""The hooks on real torch objects, in this process: what they leave behind and what they see."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from perfmon.agent.hooks import Instrumentation
+from perfmon.agent.steps import BEGIN, BOUNDARY, END, StepTracker
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[int, Any]] = []
+        self.errors: list[tuple[str, BaseException]] = []
+        self.boundaries = 0
+
+    def emit(self, code: int, arg: Any = None) -> None:
+        self.events.append((code, arg))
+
+    def forwards(self) -> list[Any]:
+        return [a for c, a in self.events if c == BEGIN and isinstance(a, tuple) and a[0] == "forward"]
+
+    def steps(self) -> int:
+        tracker = StepTracker()
+        t = 0.0
+        n = 0
+        for code, arg in self.events:
+            t += 0.001
+            n += tracker.feed(code, t, arg) is not None
+        return n + (tracker.finish() is not None)
+
+
+@pytest.fixture
+def hooks() -> Iterator[tuple[Instrumentation, Recorder]]:
+    rec = Recorder()
+
+    def boundary() -> None:
+        rec.boundaries += 1
+
+    inst = Instrumentation(rec.emit, lambda where, exc: rec.errors.append((where, exc)), boundary)
+    inst.install()
+    try:
+        yield inst, rec
+    finally:
+        inst.uninstall()
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        loss = model(torch.randn(2, 4)).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_a_timed_model_pickles_saves_and_deepcopies_like_an_untouched_one(hooks):
+    inst, rec = hooks
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, opt, 3)
+    assert inst.roots == [model]
+    for m in model.modules():
+        assert not m._forward_hooks and not m._forward_pre_hooks
+    buf = io.BytesIO()
+    torch.save(model, buf)  # raised "Can't pickle local object" when hooks were closures on the instance
+    assert pickle.loads(pickle.dumps(model)) is not None
+    clone = copy.deepcopy(model)
+    before = len(rec.forwards())
+    with torch.no_grad():
+        clone(torch.randn(2, 4))
+    kinds = [a[2] for a in rec.forwards()[before:]]
+    assert kinds == [2], "a copy is reported as a copy (evaluation), never as the model"
+
+
+def test_a_model_saved_under_perfmon_loads_in_a_process_without_perfmon(hooks, tmp_path):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, opt, 2)
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    code = ("import sys, torch; m = torch.load(sys.argv[1], weights_only=False); "
+            "print(len(m._forward_hooks) + len(m._forward_pre_hooks), 'perfmon' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "False"]
+
+
+def test_discovery_finds_teacher_and_skips_dataset_transforms_and_long_evaluation(hooks):
+    inst, rec = hooks
+
+    class Transformed(Dataset):
+        def __init__(self) -> None:
+            self.transform = nn.Sequential(nn.Identity())
+
+        def __len__(self) -> int:
+            return 400
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return self.transform(torch.randn(4))
+
+    student, teacher = mlp(), mlp().requires_grad_(False)
+    loader = DataLoader(Transformed(), batch_size=2)
+    with torch.no_grad():  # an evaluation pass of more than the old 64-call limit before training
+        for _ in range(100):
+            student(torch.randn(2, 4))
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    for i, x in enumerate(loader):
+        with torch.no_grad():
+            target = teacher(x)
+        loss = (student(x) - target).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if i == 4:
+            break
+    roots = inst.roots
+    assert any(r is student for r in roots) and any(r is teacher for r in roots)
+    assert not any(r is loader.dataset.transform for r in roots)
+    assert rec.steps() == 5
+
+
+def test_optimizer_built_before_instrumentation_is_found_and_steps_are_exact():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # before the hooks exist (instrument() late)
+    rec = Recorder()
+    inst = Instrumentation(rec.emit, lambda *a: None, lambda: setattr(rec, "boundaries", rec.boundaries + 1))
+    inst.install()
+    try:
+        assert opt in inst.optimizers
+        train(model, opt, 5)
+    finally:
+        inst.uninstall()
+    assert rec.steps() == 5
+    assert rec.boundaries == 5  # one per step (the last at its update), never one per backward
+
+
+def test_commands_see_one_boundary_per_gan_batch(hooks):
+    inst, rec = hooks
+    netD, netG = mlp(), nn.Sequential(nn.Linear(4, 4))
+    optD = torch.optim.Adam(netD.parameters())
+    optG = torch.optim.Adam(netG.parameters())
+    loader = DataLoader(torch.randn(20, 4), batch_size=2)
+    for real in loader:
+        netD(real).mean().backward()
+        fake = netG(torch.randn(2, 4))
+        netD(fake.detach()).mean().backward()
+        optD.step()
+        netD(fake).mean().backward()
+        optG.step()
+        optD.zero_grad()
+        optG.zero_grad()
+    assert rec.steps() == 10
+    assert rec.boundaries == 10  # the 10th when the loader's last __next__ (StopIteration) begins
+    assert [c for c, _ in rec.events].count(BOUNDARY) == 10
+
+
+def test_uninstall_leaves_torch_as_it_was():
+    before = (nn.Module.__call__, nn.Sequential.__dict__.get("__call__"), torch.save, torch.autograd.backward)
+    rec = Recorder()
+    inst = Instrumentation(rec.emit, lambda *a: None)
+    inst.install()
+    model = mlp()
+    train(model, torch.optim.SGD(model.parameters(), lr=0.1), 2)
+    assert "__call__" in nn.Sequential.__dict__  # the root's class is timed
+    inst.uninstall()
+    after = (nn.Module.__call__, nn.Sequential.__dict__.get("__call__"), torch.save, torch.autograd.backward)
+    assert after == before
+
+
+def test_no_global_module_hooks_ever(hooks):
+    from torch.nn.modules import module as mod
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert not mod._global_forward_hooks and not mod._global_forward_pre_hooks
+    train(model, opt, 3)
+    assert not mod._global_forward_hooks and not mod._global_forward_pre_hooks
+
+
+def test_a_failing_cuda_event_never_reaches_the_training_thread(tmp_path):
+    from perfmon.agent.runtime import Agent
+
+    agent = Agent(tmp_path / "run", {"script": "x"}, sample_interval=None)
+
+    def broken() -> Any:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    agent._cuda_event = broken
+    agent.cuda_marks = True
+    agent.emit(BEGIN, "forward")  # must not raise
+    agent.emit(END, "forward")
+    assert len(agent.events) == 2 and all(e[3] is None for e in agent.events)
+    assert agent.errors.get("cuda events") == 1 and agent.cuda_marks is False
+
+
+def test_no_cuda_event_is_recorded_while_a_stream_captures(monkeypatch):
+    from perfmon.agent.cuda_timing import CudaResolver
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    made = []
+    monkeypatch.setattr(torch.cuda, "Event", lambda **kw: made.append(kw))
+    assert CudaResolver.make_event() is None
+    assert made == []
