@@ -186,3 +186,32 @@ def test_connection_from_another_user_is_refused(tmp_path, monkeypatch):
     finally:
         agent.finish({"code": 0})
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_exit_waits_for_a_slow_publisher_and_loses_no_step(agent, monkeypatch):
+    """A publisher far behind at exit (a loaded machine) still records every step: no timer cuts it short."""
+    import time as _time
+
+    from perfmon.agent import runtime
+    from perfmon.agent.steps import BEGIN, BOUNDARY, END, OPTIMIZER_CREATED
+
+    monkeypatch.setattr(runtime, "STEPS_PER_MESSAGE", 50)
+    slow = agent._publish_steps
+
+    def crawling(records, outside):  # ~8 s for the whole backlog, longer than any old exit timeout
+        _time.sleep(0.4)
+        slow(records, outside)
+
+    monkeypatch.setattr(agent, "_publish_steps", crawling)
+    agent.emit(OPTIMIZER_CREATED)
+    for i in range(1000):
+        if i:
+            agent.emit(BOUNDARY)
+        agent.emit(BEGIN, "optimizer")
+        agent.emit(END, "optimizer")
+    agent.finish({"code": 0})
+    state = RunState()
+    for msg in ReplaySource(agent.run_dir).messages():
+        state.apply(msg)
+    assert state.steps == 1000
+    assert state.exit is not None

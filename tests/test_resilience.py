@@ -161,3 +161,20 @@ def test_terminal_hangup_of_the_monitor_leaves_training_running_to_completion(en
     summary = json.loads(wait_until(lambda: (run_dir / "summary.json").exists() and
                                     (run_dir / "summary.json").read_text(), what="summary.json"))
     assert summary["exit_code"] == 0 and summary["complete"] and summary["steps"] > 1000
+
+
+def test_every_step_is_recorded_at_exit_on_a_loaded_machine(env, tmp_path):
+    """Two busy processes take both cores while a ~20k steps/s job runs and exits: no step is lost."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        run_dir = tmp_path / "run"
+        out = subprocess.run([*PERFMON, "--headless", "--run-dir", str(run_dir), str(LOOPS / "fast_steps.py"),
+                              "--seconds", "4"], env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert out.returncode == 0, out.stderr
+    counted = int(out.stdout.split()[-1])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == counted - 1  # perfmon.step() N times is N-1 steps

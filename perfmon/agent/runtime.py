@@ -29,6 +29,9 @@ from perfmon.state import RunState
 EVENT_BUFFER = 500_000
 #: Rows per ``steps`` message: keeps every line far below protocol.MAX_LINE.
 STEPS_PER_MESSAGE = 2000
+#: At exit, the publisher may take as long as its backlog needs; it is abandoned only after this many
+#: seconds without any progress (a hung disk), so a loaded machine never loses steps to a timer.
+STALL_S = 20.0
 
 
 class Agent:
@@ -49,6 +52,7 @@ class Agent:
         self.state = RunState()  # the agent folds its own stream for summary.json
         self._seq = 0
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()  # one flush at a time: the publisher's, or the final one at exit
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._clock_offset = time.time() - time.perf_counter()
@@ -137,10 +141,15 @@ class Agent:
         self._stop.set()
         if self.sampler is not None:
             self.sampler.stop()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self._join_publisher()
         try:
-            self._flush(final=True)
+            if self._flush_lock.acquire(timeout=STALL_S):
+                try:
+                    self._flush(final=True)
+                finally:
+                    self._flush_lock.release()
+            else:
+                self.record_error("publisher", TimeoutError(f"publisher stuck for {STALL_S:.0f} s at exit"))
         except Exception as exc:  # noqa: BLE001 - still record the exit
             self.record_error("publisher", exc)
         self._publish_errors()
@@ -153,6 +162,22 @@ class Agent:
             paths.discovery_path(self.pid).unlink(missing_ok=True)
         except Exception:  # noqa: BLE001
             pass
+
+    def _join_publisher(self) -> None:
+        """Wait for the publisher to finish what it holds, however long that takes on a loaded machine:
+        give up only when it makes no progress at all for STALL_S seconds (a hung disk), never on a timer."""
+        thread = self._thread
+        if thread is None:
+            return
+        last, still = None, 0.0
+        while thread.is_alive():
+            thread.join(timeout=0.5)
+            progress = (len(self.events), self._seq)
+            still = still + 0.5 if progress == last else 0.0
+            last = progress
+            if still >= STALL_S:
+                self.record_error("publisher", TimeoutError(f"no progress for {STALL_S:.0f} s at exit"))
+                return
 
     def write_summary(self) -> None:
         from perfmon.report import build_summary
@@ -222,7 +247,8 @@ class Agent:
         while not self._stop.wait(self.tick):
             try:
                 self._poll_cuda()
-                self._flush()
+                with self._flush_lock:
+                    self._flush()
             except Exception as exc:  # noqa: BLE001 - the publisher must survive anything
                 self.record_error("publisher", exc)
             try:
