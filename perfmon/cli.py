@@ -138,10 +138,14 @@ def _ls(argv: list[str]) -> int:
 
 
 def _status_of(run: dict) -> dict:
-    """Steps and attached monitors, read from the run's recording and discovery file."""
+    """Steps and attached monitors, from the discovery file the agent keeps current (once a second);
+    an agent of an older perfmon that does not write them: steps from its recording."""
+    out: dict = {"monitors": run.get("monitors", "?")}
+    if isinstance(run.get("steps"), int):
+        out["steps"] = run["steps"]
+        return out
     from perfmon.report import ReportError, load_recording
 
-    out: dict = {"monitors": run.get("monitors", "?")}
     try:
         out["steps"] = load_recording(Path(run["run_dir"])).steps
     except (ReportError, KeyError, OSError):
@@ -172,8 +176,12 @@ def _attach(argv: list[str]) -> int:
     app = PerfmonApp(RunState(), source, Path(run["run_dir"]))
     app.run()
     source.close()
-    if getattr(app, "outcome", "") == "detached":
-        print(f"perfmon: detached; training continues as pid {run['pid']}", file=sys.stderr)
+    outcome = getattr(app, "outcome", "")
+    if outcome == "detached":
+        print(f"perfmon: detached; training continues as pid {run['pid']}\n"
+              f"  come back:  perfmon attach {run['pid']}", file=sys.stderr)
+    elif outcome == "stopped":
+        print(f"perfmon: SIGINT sent to pid {run['pid']} through its agent (like Ctrl-C)", file=sys.stderr)
     return 0
 
 
@@ -196,6 +204,14 @@ def _replay(argv: list[str]) -> int:
 
     PerfmonApp(RunState(), PacedReplaySource(args.run_dir, speed=args.speed), args.run_dir).run()
     return 0
+
+
+def _has_terminal() -> bool:
+    """A dashboard needs a terminal to draw on and to read keys from (cron, nohup, CI and pipes have none)."""
+    try:
+        return sys.stdin.isatty() and sys.stdout.isatty()
+    except (AttributeError, ValueError):  # closed or replaced streams
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,6 +258,10 @@ def _main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2
+    if not args.headless and not _has_terminal():
+        print("perfmon: no terminal (stdin/stdout is not a TTY): running headless; script output on stdout, "
+              "status on stderr (--headless says so explicitly)", file=sys.stderr)
+        args.headless = True
     if args.headless:
         from perfmon.headless import run_headless
 

@@ -36,6 +36,7 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None) -> int:
         source.close()
         print(
             f"perfmon: detached; training continues as pid {proc.pid}\n"
+            f"  come back: perfmon attach {proc.pid}\n"
             f"  output:    {proc.run_dir / 'output.log'}\n"
             f"  recording: {proc.run_dir / 'events.jsonl'}  (perfmon report {proc.run_dir})",
             file=sys.stderr,

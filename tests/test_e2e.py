@@ -529,3 +529,11 @@ def test_reused_run_dir_does_not_mix_two_runs(env, tmp_path):
     assert "done steps=5" not in second.stdout, "the previous run's output was replayed"
     rep = report(run, env)
     assert rep["steps"] == 7 and rep["argv"][-3:] == ["7", "--batch-size", "8"]
+
+
+def test_without_a_terminal_perfmon_runs_headless_and_ends_with_the_job(env, tmp_path):
+    """cron / nohup / CI: no TTY, no --headless: no dashboard waiting forever, the job's exit status."""
+    res = perfmon(["--run-dir", str(tmp_path / "run"), "demos/loops/exit_code.py"], env)
+    assert res.returncode == 3, res.stderr
+    assert "no terminal" in res.stderr and "running headless" in res.stderr
+    assert "perfmon summary" in res.stderr

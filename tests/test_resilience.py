@@ -72,6 +72,12 @@ def test_instrumented_plain_python_script_can_be_listed_and_attached_by_two_moni
             src.connect()
             threads.append(collect(src, st, lock))
         wait_until(lambda: all(st.steps > 50 for st in states), what="both monitors to see steps")
+        listed = wait_until(lambda: [r for r in ls(env) if r["pid"] == proc.pid and r.get("monitors") == 2],
+                            what="perfmon ls to count both monitors")
+        assert listed[0]["steps"] > 50
+        table = subprocess.run([*PERFMON, "ls"], capture_output=True, text=True, env=env, check=True).stdout
+        row = next(line for line in table.splitlines() if line.split()[:1] == [str(proc.pid)])
+        assert "?" not in row.split()[:6], row
         gate.touch()
         assert proc.wait(timeout=60) == 0
         for t in threads:
@@ -178,3 +184,27 @@ def test_every_step_is_recorded_at_exit_on_a_loaded_machine(env, tmp_path):
     counted = int(out.stdout.split()[-1])
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == counted - 1  # perfmon.step() N times is N-1 steps
+
+
+def test_an_attached_monitor_stops_the_job_like_ctrl_c(env, tmp_path):
+    """The 'stop' command: any monitor of this user; the job's agent sends itself SIGINT."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(LOOPS / "instrumented.py"), "--steps", "10000000",
+                             "--gate", str(tmp_path / "never"), "--run-dir", str(run_dir)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        runs = wait_until(lambda: [r for r in ls(env) if r["pid"] == proc.pid], what="perfmon ls to list the run")
+        src = LiveSource(Path(runs[0]["socket"]), run_dir)
+        src.connect()
+        st, lock = RunState(), threading.Lock()
+        collect(src, st, lock)
+        wait_until(lambda: st.steps > 5, what="steps")
+        assert src.send({"name": "stop", "id": 1})
+        assert proc.wait(timeout=60) == 1  # KeyboardInterrupt unhandled in the script: python's status 1
+        out = proc.stdout.read().decode()
+        assert "KeyboardInterrupt" in out
+        wait_until(lambda: any(r.get("name") == "stop" and r.get("ok") for r in st.command_results),
+                   what="the stop answer")
+    finally:
+        if proc.poll() is None:
+            proc.kill()

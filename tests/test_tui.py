@@ -284,6 +284,37 @@ async def test_attached_job_cannot_be_stopped_from_dialog(tmp_path: Path) -> Non
     assert app.outcome == "detached"
 
 
+class ConnectedReplay(ReplaySource):
+    """A recording followed like a live socket: connected, commands recorded (the edge a CPU test lacks)."""
+
+    connected = True
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(run_dir, follow=True, poll=0.05)
+        self.sent: list[dict] = []
+
+    def send(self, command: dict) -> bool:
+        self.sent.append(command)
+        return True
+
+
+async def test_attached_monitor_stops_the_job_through_its_agent(tmp_path: Path) -> None:
+    run_dir = write_recording(tmp_path / "run", exit=None)
+    source = ConnectedReplay(run_dir)
+    app = PerfmonApp(RunState(), source, run_dir)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.state.steps == 3000)
+        await pilot.press("q")
+        assert isinstance(app.screen, QuitScreen)
+        await pilot.pause()
+        text = screen_text(app)
+        assert "its agent sends" in text and f"SIGINT to pid {PID}, like Ctrl-C" in text
+        await pilot.press("s")
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.outcome == "stopped"
+    assert [c["name"] for c in source.sent] == ["stop"]
+
+
 async def test_stream_without_exit(tmp_path: Path) -> None:
     app = make_app(tmp_path, exit=None)
     async with app.run_test(size=(120, 40)) as pilot:

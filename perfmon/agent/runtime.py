@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -53,6 +54,8 @@ class Agent:
         self._seq = 0
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()  # one flush at a time: the publisher's, or the final one at exit
+        self._discovery_said: tuple[int, int] = (0, 0)  # steps, monitors in the discovery file
+        self._discovery_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._clock_offset = time.time() - time.perf_counter()
@@ -205,6 +208,12 @@ class Agent:
         return protocol.encode(hello)
 
     def _on_command(self, msg: dict[str, Any], reply: Callable[[bytes], None]) -> None:
+        if msg.get("name") == "stop":  # any monitor of this user (the socket refuses others): Ctrl-C for the job
+            reply(protocol.encode(protocol.message(
+                "event", kind="command_result", name="stop", id=msg.get("id"), ok=True, done=True,
+                message=f"stop: SIGINT sent to pid {self.pid}")))
+            os.kill(self.pid, signal.SIGINT)
+            return
         if self.commands is None:
             reply(protocol.encode(protocol.message(
                 "event", kind="command_result", name=msg.get("name"), id=msg.get("id"), ok=False, done=True,
@@ -249,6 +258,7 @@ class Agent:
                 self._poll_cuda()
                 with self._flush_lock:
                     self._flush()
+                self._refresh_discovery()
             except Exception as exc:  # noqa: BLE001 - the publisher must survive anything
                 self.record_error("publisher", exc)
             try:
@@ -317,12 +327,26 @@ class Agent:
         self.publish(protocol.message("steps", fields=fields, rows=rows, **extra))
 
     # -- discovery ---------------------------------------------------------------------------
+    def _refresh_discovery(self) -> None:
+        """Keep ``perfmon ls``'s STEPS and MONITORS current: rewrite the file when they change, once a second."""
+        server = self.server
+        if server is None:
+            return
+        now = time.monotonic()
+        current = (self.tracker.count, server.client_count)
+        if current != self._discovery_said and now - self._discovery_at >= 1.0:
+            self._discovery_at = now
+            self._write_discovery()
+
     def _write_discovery(self) -> None:
+        server = self.server
+        self._discovery_said = (self.tracker.count, server.client_count if server is not None else 0)
         info = {
             "pid": self.pid, "script": self.meta.get("script"), "argv": self.meta.get("argv"),
             "start": self.meta.get("start"), "rank": self.meta.get("rank"),
             "socket": str(paths.socket_path(self.pid)), "run_dir": str(self.run_dir),
             "protocol": protocol.VERSION, "host": socket.gethostname(),
+            "steps": self._discovery_said[0], "monitors": self._discovery_said[1], "updated": time.time(),
         }
         path = paths.discovery_path(self.pid)
         tmp = path.with_suffix(".tmp")

@@ -478,12 +478,23 @@ class PerfmonApp(App[None]):
             self.finish(QUIT)
             return
         pid = self.state.meta.get("pid") or (self.process.pid if self.process else "")
-        self.push_screen(QuitScreen(can_stop=self.process is not None, pid=str(pid)), self._quit_choice)
+        can_stop = self.process is not None or bool(getattr(self.source, "connected", False))
+        self.push_screen(QuitScreen(can_stop=can_stop, pid=str(pid), launched=self.process is not None),
+                         self._quit_choice)
 
     def _quit_choice(self, choice: str | None) -> None:
         if choice == STOP and self.process is not None and not self.job_ended:
             self.process.stop()
             self.finish(STOPPED)
+        elif choice == STOP and self.source is not None and not self.job_ended:
+            try:  # attached: the job's own agent delivers the SIGINT (the socket admits only this user)
+                sent = self.source.send({"name": "stop", "id": len(self.commands_sent) + 1})
+            except Exception:  # noqa: BLE001
+                sent = False
+            if sent:
+                self.finish(STOPPED)
+            else:
+                self.notify(NOT_CONNECTED, title="stop", severity="warning")
         elif choice in (STOP, DETACH):
             self.finish(QUIT if self.job_ended else DETACHED)
 

@@ -56,22 +56,25 @@ class GpuRow:
     throttled: tuple[str, ...]
     pcie_tx: Num
     pcie_rx: Num
+    proc_reason: str | None = None  # why ``proc`` (this process's memory on the GPU) is n/a
 
     @classmethod
     def from_dict(cls, g: dict[str, Any]) -> GpuRow:
         index = g.get("index")
         throttled = g.get("throttled")
+        proc = number(g.get("proc_mem_bytes"))
         return cls(
             index=index if isinstance(index, int) else None,
             name=str(g.get("name") or "GPU"),
             util=number(g.get("util_gpu")), util_mem=number(g.get("util_mem")),
             used=number(g.get("mem_used_bytes")), total=number(g.get("total_bytes")),
-            proc=number(g.get("proc_mem_bytes")),
+            proc=proc,
             power=number(g.get("power_w")), power_limit=number(g.get("power_limit_w")),
             temp=number(g.get("temp_c")),
             clock=number(g.get("sm_clock_mhz")), clock_max=number(g.get("sm_clock_max_mhz")),
             throttled=tuple(str(r) for r in throttled) if isinstance(throttled, list | tuple) else (),
             pcie_tx=number(g.get("pcie_tx_kbs")), pcie_rx=number(g.get("pcie_rx_kbs")),
+            proc_reason=str(g["proc_mem_reason"]) if g.get("proc_mem_reason") and proc is None else None,
         )
 
     @property
@@ -238,8 +241,30 @@ class DeviceView:
         io = Text("PCIe".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
         io.append(f"↓{pcie(gpu.pcie_rx)} ↑{pcie(gpu.pcie_tx)}", st["value"])
         io.append(" · mem io ", st["label"]).append(fmt.pct(gpu.util_mem), st["value"])
-        io.append(" · this process ", st["label"]).append(fmt.nbytes(gpu.proc), st["value"])
-        return [*lines, power, io]
+        return [*lines, power, *self.proc_lines(io, gpu, width)]
+
+    def proc_lines(self, line: Text, gpu: GpuRow, width: int) -> list[Text]:
+        """`` · this process 47.0 GiB`` at the end of ``line``; when it is n/a with a reason, the reason
+        too, on lines of its own (wrapped) if it does not fit."""
+        st = self.styles
+        if gpu.proc_reason is None:
+            line.append(" · this process ", st["label"]).append(fmt.nbytes(gpu.proc), st["value"])
+            return [line]
+        text = f"{fmt.NA}: {gpu.proc_reason}"
+        if line.cell_len + len(" · this process ") + len(text) <= width:
+            line.append(" · this process ", st["label"]).append(text, st["value"])
+            return [line]
+        indent = " " * LABEL_W
+        parts = textwrap.wrap(f"this process {text}", max(20, width - LABEL_W))
+        lines = [line]
+        for k, part in enumerate(parts):
+            row = Text(indent, no_wrap=True, overflow="ellipsis")
+            if k == 0 and part.startswith("this process "):
+                row.append("this process ", st["label"]).append(part.removeprefix("this process "), st["value"])
+            else:
+                row.append(part, st["value"])
+            lines.append(row)
+        return lines
 
     def several(self, gpus: tuple[GpuRow, ...], cuda: CudaMem | None, width: int) -> list[Text]:
         st = self.styles

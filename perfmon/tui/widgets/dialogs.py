@@ -24,17 +24,21 @@ class QuitScreen(ModalScreen[str | None]):
         Binding("escape", "choose(None)", "Cancel"),
     ]
 
-    def __init__(self, can_stop: bool, pid: str = "") -> None:
+    def __init__(self, can_stop: bool, pid: str = "", launched: bool = True) -> None:
         super().__init__()
         self.can_stop = can_stop
         self.pid = pid
+        self.launched = launched
 
     def compose(self) -> ComposeResult:
         text = Text("The training job is still running.\n\n", style="bold")
-        if self.can_stop:
+        if self.can_stop and self.launched:
             text.append("[s]", "bold").append("   stop training (SIGINT to the job)\n")
+        elif self.can_stop:  # attached: the job's own agent signals itself
+            text.append("[s]", "bold").append("   stop training: its agent sends\n")
+            text.append(f"      SIGINT to pid {self.pid or '?'}, like Ctrl-C\n")
         else:
-            text.append("not started by perfmon: stop it with ")
+            text.append("not connected to the job: stop it with ")
             text.append(f"kill -INT {self.pid}\n" if self.pid else "kill -INT PID\n")
         text.append("[d]", "bold").append("   detach and leave it running\n")
         text.append("[esc]", "bold").append(" cancel")
