@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -87,6 +89,22 @@ def decode_command(line: bytes | str) -> dict[str, Any]:
     if name not in COMMANDS:
         raise DecodeError(f"command {name!r} is not allowed")
     return msg
+
+
+def exception_line(text: str | None) -> str | None:
+    """An exception as one line: ``SyntaxError: '(' was never closed (syn.py line 2)``.
+
+    ``traceback.format_exception_only`` gives several lines for a SyntaxError (file, source line, caret,
+    message); recordings written before this was normalised still carry that text.
+    """
+    if not text:
+        return text
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return text.strip()
+    last = lines[-1].strip()
+    m = re.match(r'\s*File "([^"]+)", line (\d+)', lines[0])
+    return f"{last} ({os.path.basename(m[1])} line {m[2]})" if m else last
 
 
 def step_rows_to_dicts(msg: dict[str, Any]) -> list[dict[str, Any]]:

@@ -48,6 +48,11 @@ def _round(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
+#: Said instead of an all-zero phase table when a run recorded no step.
+NO_STEPS = ("no training steps seen: no DataLoader fetch, module call and optimizer step made a step "
+            "(a custom loop? mark steps with perfmon.step(); README \"What is measured, and how\")")
+
+
 def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[str, Any]:
     """The stable report JSON; see README "Report JSON". ``findings`` default: the rules over the whole state."""
     if findings is None:
@@ -205,19 +210,21 @@ def format_summary(state: RunState) -> str:
         f"  steps     {s['steps']} in {format_duration(s['elapsed_s'])}"
         f"  ({s['steps_per_s']:.2f} steps/s"
         + (f", {s['samples_per_s']:,.1f} samples/s)" if s["samples_per_s"] else ")"),
-        "",
-        f"  {'phase':<10} {'mean ms':>10} {'p50 ms':>10} {'p95 ms':>10} {'share':>7}",
     ]
-    for p in ALL_PHASES:
+    if s["steps"] == 0:
+        lines += ["", f"  {NO_STEPS}"]
+    else:
+        lines += ["", f"  {'phase':<10} {'mean ms':>10} {'p50 ms':>10} {'p95 ms':>10} {'share':>7}"]
+    for p in ALL_PHASES if s["steps"] else ():
         ph = s["phases"][p]
         lines.append(
             f"  {p:<10} {_fmt_ms(ph['mean_ms']):>10} {_fmt_ms(ph['p50_ms']):>10} "
             f"{_fmt_ms(ph['p95_ms']):>10} {ph['share'] * 100:>6.1f}%"
         )
     st = s["step_ms"]
-    lines.append(
-        f"  {'step':<10} {_fmt_ms(st.get('mean_ms')):>10} {_fmt_ms(st.get('p50_ms')):>10} {_fmt_ms(st.get('p95_ms')):>10}"
-    )
+    if s["steps"]:
+        lines.append(f"  {'step':<10} {_fmt_ms(st.get('mean_ms')):>10} {_fmt_ms(st.get('p50_ms')):>10} "
+                     f"{_fmt_ms(st.get('p95_ms')):>10}")
     outside = [f"{kind} {v['share'] * 100:.1f}%" for kind, v in s["outside_steps"].items() if v["ms"]]
     if outside:
         lines.append(f"  {'outside':<10} {', '.join(outside)} of wall time (not in any step)")

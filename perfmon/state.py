@@ -8,13 +8,14 @@ histograms since start, and multi-resolution time series.
 from __future__ import annotations
 
 import math
+import re
 import signal as _signal
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon.protocol import ALL_PHASES, OUTSIDE_KINDS, PHASES, STEP_FIELDS
+from perfmon.protocol import ALL_PHASES, OUTSIDE_KINDS, PHASES, STEP_FIELDS, exception_line
 
 RECENT_STEPS = 200
 #: Telemetry kept as multi-resolution series (sparklines over the whole run).
@@ -433,7 +434,7 @@ class RunState:
         kind = msg.get("kind")
         if kind == "exit":
             self.exit = ExitInfo(
-                code=msg.get("code"), signal=msg.get("signal"), exception=msg.get("exception"),
+                code=msg.get("code"), signal=msg.get("signal"), exception=exception_line(msg.get("exception")),
                 traceback=msg.get("traceback"), t=msg.get("t"),
             )
             if isinstance(msg.get("agent_errors"), dict):
@@ -461,13 +462,15 @@ class RunState:
     # -- derived ------------------------------------------------------------------------
     @property
     def status(self) -> str:
-        """``starting``, ``running``, ``exited 0``, ``failed (ValueError)``, ``killed by SIGKILL``."""
+        """``starting``, ``running``, ``exited 0``, ``failed: ValueError``,
+        ``failed: SyntaxError (syn.py line 2)``, ``killed by SIGKILL``: always one line."""
         if self.exit is None:
             return "running" if self.meta else "starting"
         if self.exit.signal:
             return f"killed by {self.exit.signal}"
         if self.exit.exception:
-            return f"failed ({self.exit.exception.split(':', 1)[0]})"
+            m = re.match(r"([\w.]+)(?::.*?)?(\s\([^()]* line \d+\))?$", self.exit.exception)
+            return f"failed: {m[1]}{m[2] or ''}" if m else "failed"
         return f"exited {self.exit.code}"
 
     @property

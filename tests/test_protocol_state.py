@@ -173,7 +173,7 @@ def test_exit_states():
     state.apply(hello())
     assert state.status == "running"
     state.apply(protocol.message("event", kind="exit", code=1, exception="ValueError: boom", t=1010.0, seq=2))
-    assert state.status == "failed (ValueError)" and state.exit_status == 1
+    assert state.status == "failed: ValueError" and state.exit_status == 1
     assert state.elapsed() == pytest.approx(10.0)
     killed = RunState()
     killed.apply(hello())

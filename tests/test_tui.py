@@ -150,7 +150,7 @@ async def test_failed_run_shows_exception(tmp_path: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await loaded(pilot)
         text = screen_text(app)
-        assert "failed (ValueError), exit 1" in text
+        assert "failed: ValueError, exit 1" in text
         assert "✘ ValueError: boom  at train.py:37 in main" in text
         assert app.query_one(LogPanel).has_class("-failed")
         assert 'raise ValueError("boom")' in text  # the traceback, from output.log
@@ -361,7 +361,7 @@ async def test_small_terminal(tmp_path: Path, exit: str) -> None:
         if exit == "ok":
             assert "exited 0" in text and "training done" in text
         else:
-            assert "failed (ValueError)" in text and "✘ ValueError: boom" in text
+            assert "failed: ValueError" in text and "✘ ValueError: boom" in text
             assert "ValueError: boom" in text.split("✘ ValueError: boom", 1)[1]  # the traceback's last line too
         await pilot.press("question_mark")
         assert "detach" in screen_text(app)

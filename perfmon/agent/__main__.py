@@ -17,6 +17,7 @@ import types
 import zipfile
 from types import TracebackType
 
+from perfmon import protocol
 from perfmon.agent import bootstrap
 
 USAGE = "usage: python -m perfmon.agent [-m MODULE | SCRIPT] [ARGS...]"
@@ -165,7 +166,7 @@ def _exception_info(exc: BaseException) -> dict:
         sys.excepthook(type(exc), exc, tb)
     except Exception:  # noqa: BLE001
         sys.stderr.write(text)
-    message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    message = protocol.exception_line("".join(traceback.format_exception_only(type(exc), exc))) or type(exc).__name__
     return {"code": 1, "exception": message[:500], "traceback": text[-20000:]}
 
 

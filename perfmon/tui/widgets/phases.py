@@ -12,6 +12,7 @@ from textual.geometry import Size
 from textual.reactive import reactive
 
 from perfmon.protocol import ALL_PHASES
+from perfmon.report import NO_STEPS
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.styled import StyledWidget
@@ -41,6 +42,7 @@ class PhaseInfo:
     span: str
     device_timed: bool = False
     notes: str = ""  # time outside steps, closure evaluations: one line under the bar when there is any
+    ended: bool = False  # the job is over (with no step: say why there may be none)
 
     @classmethod
     def from_state(cls, state: RunState, span_index: int = 0) -> PhaseInfo:
@@ -55,6 +57,7 @@ class PhaseInfo:
             span=label,
             device_timed=state.device_timed,
             notes=notes_line(state),
+            ended=state.exit is not None,
         )
 
     def stats(self, recent: bool = True) -> Stats:
@@ -205,8 +208,9 @@ class PhasesView:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        if self.info is None:
-            yield Text("waiting for steps…", self.styles["heading"])
+        if self.info is None or not self.info.total_n:
+            text = NO_STEPS if self.info is not None and self.info.ended else "waiting for steps…"
+            yield Text(text, self.styles["heading"])
             return
         table = self.table_lines()
         side = width - TABLE_W - GAP
