@@ -537,3 +537,15 @@ def test_without_a_terminal_perfmon_runs_headless_and_ends_with_the_job(env, tmp
     assert res.returncode == 3, res.stderr
     assert "no terminal" in res.stderr and "running headless" in res.stderr
     assert "perfmon summary" in res.stderr
+
+
+def test_syntax_error_is_one_status_line_and_no_step_table(env, tmp_path):
+    script = tmp_path / "syn.py"
+    script.write_text("import torch\nx = (\n")
+    run = tmp_path / "run"
+    res = headless(run, str(script), env=env)
+    assert res.returncode == 1
+    status = [line for line in res.stderr.splitlines() if line.strip().startswith("status")]
+    assert status == ["  status    failed: SyntaxError (syn.py line 2)"], res.stderr
+    assert "no training steps seen" in res.stderr and "mean ms" not in res.stderr
+    assert "SyntaxError: '(' was never closed" in (run / "output.log").read_text()  # the full text stays

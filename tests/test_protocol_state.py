@@ -212,3 +212,20 @@ def test_time_series_memory_is_bounded_over_a_week():
     assert len(ts.values(60.0)) <= 61
     whole = ts.values(None)
     assert 0 < len(whole) <= 1008
+
+
+@pytest.mark.parametrize(("text", "line", "status"), [
+    ("ValueError: boom", "ValueError: boom", "failed: ValueError"),
+    ('  File "/x/syn.py", line 2\n    x = (\n        ^\nSyntaxError: \'(\' was never closed\n',
+     "SyntaxError: '(' was never closed (syn.py line 2)", "failed: SyntaxError (syn.py line 2)"),
+    ("KeyError: 'a:b'", "KeyError: 'a:b'", "failed: KeyError"),
+    ("torch.OutOfMemoryError: CUDA out of memory", "torch.OutOfMemoryError: CUDA out of memory",
+     "failed: torch.OutOfMemoryError"),
+])
+def test_exceptions_are_one_line_in_state_and_status(text, line, status):
+    from perfmon.protocol import exception_line
+
+    assert exception_line(text) == line
+    state = RunState()
+    state.apply(protocol.message("event", kind="exit", code=1, exception=text, seq=1))  # old recordings too
+    assert state.exit.exception == line and state.status == status and "\n" not in state.status
