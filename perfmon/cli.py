@@ -186,7 +186,7 @@ def _attach(argv: list[str]) -> int:
 
 
 def _replay(argv: list[str]) -> int:
-    from perfmon.report import ReportError, load_recording
+    from perfmon.report import ReportError, load_recording, run_dir_of
     from perfmon.sources import PacedReplaySource
 
     p = _Parser(prog="perfmon replay", description="The dashboard over a recording, played back in time "
@@ -195,6 +195,7 @@ def _replay(argv: list[str]) -> int:
     p.add_argument("--speed", type=float, default=60.0, help="playback speed, x real time (default 60)")
     args = p.parse_args(argv)
     try:
+        args.run_dir = run_dir_of(args.run_dir)
         load_recording(args.run_dir)  # one clear line for a bad dir before the screen opens
     except ReportError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)

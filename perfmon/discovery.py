@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,14 @@ def _alive(pid: int) -> bool:
 
 
 def live_runs() -> list[dict[str, Any]]:
-    """Discovery records of agents that are still running (stale files are removed)."""
+    """Discovery records of agents that are still running (stale files are removed).
+
+    An unsafe runtime dir is not read (its files could be anyone's): no runs, and one line on
+    stderr says why."""
     try:
         rt = paths.runtime_dir(create=False)
-    except paths.RuntimeDirError:
+    except paths.RuntimeDirError as exc:
+        print(paths.unusable_line(exc, "no live runs can be listed"), file=sys.stderr, flush=True)
         return []
     if not rt.is_dir():
         return []

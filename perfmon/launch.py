@@ -10,9 +10,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +78,9 @@ class TrainingProcess:
         self.popen: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
         self._stops = 0
+        #: Where the job's socket and discovery file go (chosen at start); None: no socket at all.
+        self.runtime_dir: Path | None = None
+        self._private_runtime: Path | None = None  # made for this job alone; removed when it ends
 
     @property
     def pid(self) -> int:
@@ -84,7 +89,38 @@ class TrainingProcess:
 
     @property
     def socket_path(self) -> Path:
-        return paths.socket_path(self.pid)
+        if self.runtime_dir is None:  # no safe dir anywhere: a path that never appears (the monitor reads the recording)
+            return self.run_dir / ".no-socket"
+        return self.runtime_dir / f"{self.pid}.sock"
+
+    def _choose_runtime_dir(self) -> dict[str, str]:
+        """The runtime dir for the job, and the environment it needs for it.
+
+        An unsafe shared runtime dir (a symlink, another user's, writable by others) is never used:
+        one line on stderr says so, and the job gets a fresh private dir of its own, so this
+        monitor still talks to it live while ``perfmon ls``/``attach`` elsewhere do not see it.
+        """
+        try:
+            self.runtime_dir = paths.runtime_dir()
+            return {}
+        except paths.RuntimeDirError as exc:
+            problem = exc
+        try:
+            private = Path(tempfile.mkdtemp(prefix="perfmon-"))  # 0700, ours, a new name: nothing to trust
+        except OSError:
+            private = None
+        consequence = ("perfmon ls/attach will not see this run" if private is not None
+                       else "live attach disabled, the monitor reads the recording")
+        print(paths.unusable_line(problem, consequence), file=sys.stderr, flush=True)
+        if private is None:
+            return {}
+        self.runtime_dir = self._private_runtime = private
+        return {"PERFMON_RUNTIME_DIR": str(private)}
+
+    def _job_ended(self) -> None:
+        if self._private_runtime is not None:
+            shutil.rmtree(self._private_runtime, ignore_errors=True)
+            self._private_runtime = None
 
     def start(self) -> TrainingProcess:
         if (self.run_dir / "events.jsonl").exists():
@@ -95,6 +131,7 @@ class TrainingProcess:
         except OSError as exc:
             raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
         env = dict(os.environ, **self.extra_env, PERFMON_RUN_DIR=str(self.run_dir.resolve()), KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"))
+        env.update(self._choose_runtime_dir())
         try:
             self.popen = subprocess.Popen(
                 [self.python, "-m", "perfmon.agent", *self.target.agent_argv()],
@@ -102,6 +139,7 @@ class TrainingProcess:
                 start_new_session=True, env=env,
             )
         except OSError as exc:
+            self._job_ended()
             raise LaunchError(f"cannot start {self.python}: {exc.strerror or exc}") from None
         finally:
             log.close()
@@ -113,11 +151,13 @@ class TrainingProcess:
         rc = self.popen.poll()
         if rc is not None:
             self.returncode = rc
+            self._job_ended()
         return rc
 
     def wait(self) -> int:
         assert self.popen is not None
         self.returncode = self.popen.wait()
+        self._job_ended()
         return self.returncode
 
     def alive(self) -> bool:

@@ -23,9 +23,15 @@ class ReportError(Exception):
     """A run dir that cannot be reported on; the message is for the user."""
 
 
+def run_dir_of(path: Path) -> Path:
+    """The run dir named by ``path``: the dir itself, or the dir of its ``events.jsonl``."""
+    path = Path(path)
+    return path.parent if path.name == "events.jsonl" and path.is_file() else path
+
+
 def load_recording(run_dir: Path) -> RunState:
-    """Replay ``run_dir/events.jsonl`` into a fresh state."""
-    run_dir = Path(run_dir)
+    """Replay ``run_dir/events.jsonl`` into a fresh state (``run_dir`` may name the recording file itself)."""
+    run_dir = run_dir_of(run_dir)
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: no such run directory")
     events = run_dir / "events.jsonl"

@@ -439,6 +439,7 @@ class RunState:
             )
             if isinstance(msg.get("agent_errors"), dict):
                 self.agent_errors = dict(msg["agent_errors"])
+            self.profiling = None  # no window is being captured once the job is over
         elif kind == "window_started" and isinstance(msg.get("t"), int | float):
             self.windows.append([float(msg["t"]), math.inf])
         elif kind == "window_stopped" and isinstance(msg.get("t"), int | float) and self.windows:
@@ -454,6 +455,7 @@ class RunState:
     def process_exited(self, returncode: int, t: float | None = None) -> None:
         """The launcher saw the process end: fill in what the agent could not say (signals)."""
         sig = _signal_name(-returncode) if returncode < 0 else None
+        self.profiling = None
         if self.exit is None:
             self.exit = ExitInfo(code=None if sig else returncode, signal=sig, t=t or time.time())
         elif sig and not self.exit.signal:

@@ -14,8 +14,10 @@ from fake_nvml import (
     h100,
 )
 
+from perfmon.collectors import nvml
 from perfmon.collectors.host import HostSampler
 from perfmon.collectors.nvml import NvmlSampler, visible_devices
+from perfmon.tui.widgets import fmt
 
 
 def test_no_nvml_library_says_so(monkeypatch):
@@ -108,3 +110,128 @@ def test_host_sampler_survives_its_process_vanishing():
     child.wait()
     h = s.sample()
     assert h["rss_bytes"] is None and h["system_cpu_percent"] is not None
+
+
+# -- this process's GPU memory: bytes when NVML lists our pid, else "n/a" with the reason, never 0 -------
+def _device_text(gpus: list[dict], width: int = 120) -> str:
+    """The device panel's text for one sample message carrying ``gpus`` (through RunState)."""
+    from collections import defaultdict
+
+    from rich.style import Style
+
+    from perfmon import protocol
+    from perfmon.state import RunState
+    from perfmon.tui.widgets.device import DeviceInfo, DeviceView
+
+    state = RunState()
+    state.apply(protocol.message("sample", t=1000.0, host={}, gpus=gpus, cuda_mem=None))
+    view = DeviceView(DeviceInfo.from_state(state), defaultdict(Style))
+    return "\n".join(line.plain for line in view.lines(width))
+
+
+class _FakeAgent:
+    """What the agent's Sampler needs of an agent: a pid, meta, publish."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.meta: dict = {}
+        self.instrumentation = None
+        self.published: list[dict] = []
+
+    def publish(self, msg: dict) -> None:
+        self.published.append(msg)
+
+    def record_error(self, where, exc) -> None:
+        raise AssertionError(f"{where}: {exc}")
+
+
+def _sample_through_the_agent(fake: FakeNvml) -> dict:
+    """One ``sample`` message as the agent's sampler publishes it, on the fake NVML."""
+    from perfmon.agent.sampler import Sampler
+
+    agent = _FakeAgent()
+    sampler = Sampler(agent, 1.0, nvml_backend=fake)
+    assert sampler.nvml.open() is None
+    sampler.sample_once()
+    (msg,) = [m for m in agent.published if m["type"] == "sample"]
+    return msg
+
+
+def test_process_memory_when_nvml_lists_our_pid(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    msg = _sample_through_the_agent(FakeNvml([h100(procs=[(os.getpid(), 3 * GIB), (1, GIB)])]))
+    (g,) = msg["gpus"]
+    assert g["proc_mem_bytes"] == 3 * GIB and g["proc_mem_reason"] is None
+    text = _device_text(msg["gpus"])
+    assert f"this process {fmt.nbytes(3 * GIB)}" in text, text
+
+
+@pytest.mark.parametrize("cuda_initialized, reason", [
+    (True, nvml.PROC_NOT_VISIBLE),  # a container with its own PID namespace: NVML lists host pids
+    (False, nvml.PROC_NO_CONTEXT),  # torch has not touched CUDA yet: nothing to list
+])
+def test_pid_absent_from_nvml_is_na_with_the_reason_never_0(monkeypatch, cuda_initialized, reason):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(nvml, "_cuda_initialized", lambda: cuda_initialized)
+    host_pid = os.getpid() + 100_000  # our process as the host sees it: not our pid
+    for procs in ([(host_pid, 3 * GIB)], []):
+        msg = _sample_through_the_agent(FakeNvml([h100(procs=procs)]))
+        (g,) = msg["gpus"]
+        assert g["proc_mem_bytes"] is None and g["proc_mem_reason"] == reason
+        for width in (120, 60, 38):
+            text = _device_text(msg["gpus"], width)
+            assert "this process 0" not in text
+            assert " ".join(text.split()).count(f"this process n/a: {reason}") == 1, text
+
+
+def test_pid_absent_reason_fits_the_pcie_line_or_wraps_below_it(monkeypatch):
+    g = {**h100_reading(), "proc_mem_bytes": None, "proc_mem_reason": nvml.PROC_NOT_VISIBLE}
+    wide = _device_text([g], 160).splitlines()
+    assert wide[-1].startswith("PCIe") and wide[-1].endswith(f"this process n/a: {nvml.PROC_NOT_VISIBLE}")
+    for width in (80, 60, 40):
+        lines = _device_text([g], width).splitlines()
+        pcie = next(i for i, line in enumerate(lines) if line.startswith("PCIe"))
+        assert "this process" not in lines[pcie] and all(line.startswith("      ") for line in lines[pcie + 1:])
+        assert " ".join(" ".join(lines[pcie + 1:]).split()) == f"this process n/a: {nvml.PROC_NOT_VISIBLE}"
+        assert all(len(line) <= width for line in lines[pcie + 1:])
+
+
+def h100_reading() -> dict:
+    """A full reading of the fake H100 (device 0, whatever CUDA_VISIBLE_DEVICES says)."""
+    s = NvmlSampler(FakeNvml([h100(procs=[(os.getpid(), GIB)])]))
+    saved = os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    try:
+        s.open()
+    finally:
+        if saved is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    return s.sample()[0]
+
+
+def test_no_per_process_bytes_from_nvml_is_na_not_0(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (g,) = _sample_through_the_agent(FakeNvml([h100(procs=[(os.getpid(), None)])]))["gpus"]
+    assert g["proc_mem_bytes"] is None and g["proc_mem_reason"] == nvml.PROC_NO_BYTES
+    fake = FakeNvml([h100(procs=NVMLError_NotSupported())])
+    (g,) = _sample_through_the_agent(fake)["gpus"]
+    assert g["proc_mem_bytes"] is None and g["proc_mem_reason"] == nvml.PROC_QUERY_FAILED
+
+
+def test_a_gpu_we_do_not_use_is_0_when_nvml_sees_our_pid_on_another(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    fake = FakeNvml([h100(procs=[(os.getpid(), 2 * GIB)]), h100(uuid="GPU-2", procs=[(1, GIB)])])
+    g0, g1 = _sample_through_the_agent(fake)["gpus"]
+    assert (g0["proc_mem_bytes"], g0["proc_mem_reason"]) == (2 * GIB, None)
+    assert (g1["proc_mem_bytes"], g1["proc_mem_reason"]) == (0, None)  # NVML sees us: no context here
+
+
+def test_an_older_recordings_0_is_shown_as_na():
+    from perfmon import protocol
+    from perfmon.state import LEGACY_PROC_MEM_REASON, RunState
+
+    old = {k: v for k, v in h100_reading().items() if k != "proc_mem_reason"}
+    old["proc_mem_bytes"] = 0
+    state = RunState()
+    state.apply(protocol.message("sample", t=1000.0, host={}, gpus=[old], cuda_mem=None))
+    assert state.gpus[0]["proc_mem_bytes"] is None and state.gpus[0]["proc_mem_reason"] == LEGACY_PROC_MEM_REASON
+    assert "this process 0" not in _device_text([old])

@@ -549,3 +549,8 @@ def test_syntax_error_is_one_status_line_and_no_step_table(env, tmp_path):
     assert status == ["  status    failed: SyntaxError (syn.py line 2)"], res.stderr
     assert "no training steps seen" in res.stderr and "mean ms" not in res.stderr
     assert "SyntaxError: '(' was never closed" in (run / "output.log").read_text()  # the full text stays
+
+
+def test_report_accepts_the_recording_file_itself(dl_run, env):
+    run, _, rep = dl_run
+    assert report(run / "events.jsonl", env) == rep

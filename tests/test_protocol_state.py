@@ -229,3 +229,12 @@ def test_exceptions_are_one_line_in_state_and_status(text, line, status):
     state = RunState()
     state.apply(protocol.message("event", kind="exit", code=1, exception=text, seq=1))  # old recordings too
     assert state.exit.exception == line and state.status == status and "\n" not in state.status
+
+
+def test_a_window_being_captured_ends_with_the_job():
+    """A recording that ends during a profiler window does not show "capturing" forever."""
+    state = RunState()
+    state.apply(protocol.message("event", kind="profile_started", reason="on demand", t=5.0, seq=1))
+    assert state.profiling is not None
+    state.apply(protocol.message("event", kind="exit", code=0, t=6.0, seq=2))
+    assert state.profiling is None

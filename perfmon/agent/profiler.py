@@ -116,15 +116,13 @@ def summarize(prof: Any, traces_dir: Path, active: int, cuda: bool, step: int, r
     for r in rows:
         r["share"] = r["self_ms"] / total_self
     rows.sort(key=lambda r: r["self_ms"], reverse=True)
-    if cuda:
-        # what actually blocks the host: the runtime's sync calls (an .item() on a CUDA tensor ends in one)
-        syncs = sum(r["calls"] for r in rows if r["name"] in CUDA_SYNCS)
-    else:
-        syncs = sum(r["calls"] for r in rows if r["name"] == "aten::item")  # no device to wait for on CPU
+    # what actually blocks the host: the runtime's sync calls (an .item() on a CUDA tensor ends in one);
+    # a CPU run has no device to wait for: an .item() there is a plain read, not a sync
+    syncs = sum(r["calls"] for r in rows if r["name"] in CUDA_SYNCS) if cuda else None
     return {
         "type": "profile", "v": 1, "step": step, "active_steps": active, "reason": reason, "device": "cuda" if cuda else "cpu",
         "top_ops": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows[:TOP_N]],
-        "ops_total": len(rows), "syncs_per_step": syncs / active if active else None,
+        "ops_total": len(rows), "syncs_per_step": syncs / active if active and syncs is not None else None,
         "device_busy": _device_busy(prof) if cuda else None, "trace": trace, "t": time.time(),
     }
 

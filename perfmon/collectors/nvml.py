@@ -4,11 +4,16 @@ Every vendor call goes through :func:`_q`, once: an unsupported or failing query
 ``None`` (shown as "n/a"), never an exception. No NVML library or no GPU: :meth:`open`
 returns the reason and the sampler yields nothing. The backend is the ``pynvml`` module
 itself; tests pass a fake with the same function names.
+
+This process's own GPU memory comes from NVML's list of compute processes, matched by pid.
+When it cannot be read it is ``None`` with the reason in ``proc_mem_reason`` (never 0): in a
+container with its own PID namespace NVML lists host pids, so our pid is never in the list.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +24,21 @@ THROTTLE_REASONS = {
 }
 #: Reasons that mean the GPU is being held back (idle and app clocks are not a problem).
 LIMITING = {"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+
+# Why this process's GPU memory is "n/a" (``proc_mem_reason``; ``proc_mem_bytes`` is then None).
+PROC_NOT_VISIBLE = "pid not visible to NVML (container PID namespace?)"
+PROC_NO_CONTEXT = "no CUDA context in this process yet"
+PROC_QUERY_FAILED = "NVML process list unavailable"
+PROC_NO_BYTES = "NVML gives no per-process memory here (MIG or vGPU?)"
+
+
+def _cuda_initialized() -> bool:
+    """Whether torch has initialised CUDA in this process (so NVML should list it); False without torch."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a half-imported torch: not yet
+        return False
 
 
 def _q(fn: Callable[..., Any] | None, *args: Any) -> Any:
@@ -108,7 +128,10 @@ class NvmlSampler:
         """One reading per visible GPU; every field may be None ("n/a")."""
         b = self.backend
         out = []
-        for (_idx, h), static in zip(self.handles, self.static, strict=True):
+        procs_by_device = self._processes()
+        listed = [procs is not None and any(getattr(p, "pid", None) == self.pid for p in procs)
+                  for procs in procs_by_device]
+        for i, ((_idx, h), static) in enumerate(zip(self.handles, self.static, strict=True)):
             util = _q(b.nvmlDeviceGetUtilizationRates, h)
             mem = _q(b.nvmlDeviceGetMemoryInfo, h)
             power = _q(b.nvmlDeviceGetPowerUsage, h)
@@ -116,12 +139,14 @@ class NvmlSampler:
             if reasons_mask is None:
                 reasons_mask = _q(getattr(b, "nvmlDeviceGetCurrentClocksThrottleReasons", None), h)
             reasons = [n for bit, n in THROTTLE_REASONS.items() if isinstance(reasons_mask, int) and reasons_mask & bit]
+            proc_mem, proc_reason = self._process_memory(procs_by_device[i], any(listed[:i] + listed[i + 1:]))
             out.append({
                 **static,
                 "util_gpu": getattr(util, "gpu", None),
                 "util_mem": getattr(util, "memory", None),
                 "mem_used_bytes": getattr(mem, "used", None),
-                "proc_mem_bytes": self._process_memory(h),
+                "proc_mem_bytes": proc_mem,
+                "proc_mem_reason": proc_reason,
                 "power_w": power / 1000.0 if isinstance(power, int | float) else None,
                 "temp_c": _q(b.nvmlDeviceGetTemperature, h, getattr(b, "NVML_TEMPERATURE_GPU", 0)),
                 "sm_clock_mhz": _q(b.nvmlDeviceGetClockInfo, h, getattr(b, "NVML_CLOCK_SM", 1)),
@@ -132,12 +157,31 @@ class NvmlSampler:
             })
         return out
 
-    def _process_memory(self, handle: Any) -> int | None:
-        procs = _q(self.backend.nvmlDeviceGetComputeRunningProcesses, handle)
-        if not isinstance(procs, list | tuple):
-            return None
+    def _processes(self) -> list[list[Any] | None]:
+        """NVML's compute processes on each sampled device (None where the query fails)."""
+        query = getattr(self.backend, "nvmlDeviceGetComputeRunningProcesses", None)
+        lists = [_q(query, h) for _idx, h in self.handles]
+        return [list(procs) if isinstance(procs, list | tuple) else None for procs in lists]
+
+    def _process_memory(self, procs: list[Any] | None, listed_elsewhere: bool) -> tuple[int | None, str | None]:
+        """(bytes this process holds on the device, None) or (None, why it is not known).
+
+        Not being in NVML's list is not 0 bytes: in a container with its own PID namespace NVML
+        lists host pids, and ours (the container's) is never among them. It is 0 only when NVML
+        does list this pid on another device (it sees us, and we have no context on this one).
+        """
+        if procs is None:
+            return None, PROC_QUERY_FAILED
         used = [getattr(p, "usedGpuMemory", None) for p in procs if getattr(p, "pid", None) == self.pid]
-        return sum(u for u in used if isinstance(u, int)) if used else 0
+        if not used:
+            if listed_elsewhere:
+                return 0, None
+            # before torch initialises CUDA there is no context: NVML rightly does not list us yet
+            return None, PROC_NOT_VISIBLE if _cuda_initialized() else PROC_NO_CONTEXT
+        known = [u for u in used if isinstance(u, int) and not isinstance(u, bool)]
+        if not known:  # pynvml gives None for NVML_VALUE_NOT_AVAILABLE (MIG, some vGPUs)
+            return None, PROC_NO_BYTES
+        return sum(known), None
 
     def close(self) -> None:
         if self.handles:

@@ -31,7 +31,7 @@ from textual.message import Message
 from textual.widgets import Footer
 
 from perfmon.rules import Config, Engine, evaluate_once
-from perfmon.sources import PacedReplaySource
+from perfmon.sources import PacedReplaySource, ReplaySource
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.device import DeviceInfo, DevicePanel
@@ -253,7 +253,7 @@ class PerfmonApp(App[None]):
             device = DeviceInfo.from_state(self.state, span)
             host = HostInfo.from_state(self.state, span)
             model = ModelInfo.from_state(self.state)
-            ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.clock())
+            ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.now())
             capturing = self.state.profiling is not None
             results = self._new_results()
             exit_ = self.state.exit
@@ -277,9 +277,24 @@ class PerfmonApp(App[None]):
             if isinstance(self.screen, QuitScreen):  # asked to quit while it ran: the question is moot now
                 self.finish(QUIT)
 
+    def now(self) -> float:
+        """The time the dashboard shows: the replay clock (recording time) in a replay, else the wall clock."""
+        if isinstance(self.source, PacedReplaySource) and self.source.position is not None:
+            return self.source.position
+        return self.clock()
+
+    @property
+    def live(self) -> bool:
+        """Watching a running job, not a recording: commands and detach mean something (a live
+        connection that dropped keeps its keys, and says "not connected" when one is pressed)."""
+        if self.job_ended:
+            return False
+        if self.process is not None:
+            return True
+        return not isinstance(self.source, ReplaySource) or bool(getattr(self.source, "connected", False))
+
     def _header_info(self) -> HeaderInfo:
-        paced = isinstance(self.source, PacedReplaySource) and self.source.position is not None
-        now = self.source.position if paced else self.clock()  # type: ignore[union-attr]
+        now = self.now()
         info = HeaderInfo.from_state(
             self.state, self.mode, stream_ended=self.stream_ended and self.process is None, now=now,
             findings=self.findings,
@@ -313,7 +328,7 @@ class PerfmonApp(App[None]):
             ops = self.query_one("#ops", OpsPanel)
             with self.lock:
                 header = self._header_info() if not self.job_ended else None
-                ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.clock())
+                ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.now())
             if header is not None:
                 self.query_one(RunHeader).info = header
             ops.info = ops_info
@@ -530,7 +545,7 @@ class PerfmonApp(App[None]):
         ops = self.query_one("#ops", OpsPanel)
         ops.sort_index = (ops.sort_index + 1) % len(SORTS)
         with self.lock:
-            ops.info = OpsInfo.from_state(self.state, ops.sort_index, self.clock())
+            ops.info = OpsInfo.from_state(self.state, ops.sort_index, self.now())
 
     def action_command(self, name: str) -> None:
         """p c f m e: a command to the agent; its results come back as toasts."""
@@ -558,6 +573,8 @@ class PerfmonApp(App[None]):
             return self.view == "ops"
         if action == "replay":
             return isinstance(self.source, PacedReplaySource)
+        if action in ("command", "detach") and not self.live:
+            return False  # a replay or a finished job: no job to command or to leave running
         return True
 
     def action_help(self) -> None:

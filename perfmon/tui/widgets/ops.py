@@ -166,7 +166,10 @@ class OpsView:
         st, info = self.styles, self.info
         assert info is not None
         line = Text(no_wrap=True, overflow="ellipsis")
-        line.append("syncs/step ", st["label"]).append(fmt.num(info.syncs, digits=1), st["value"])
+        if info.device == "cpu":  # host<->device syncs do not exist without a device
+            line.append("syncs/step ", st["label"]).append("n/a (CPU run)", st["value"])
+        else:
+            line.append("syncs/step ", st["label"]).append(fmt.num(info.syncs, digits=1), st["value"])
         line.append(" · device busy ", st["label"]).append(fmt.share(info.busy) if info.busy is not None else fmt.NA,
                                                             st["value"])
         if info.ops_total is not None:

@@ -1,0 +1,215 @@
+"""A runtime dir that is not safely ours (a symlink, another user's, writable by others) is never used.
+
+The launcher says so in one line on stderr and goes on: the job runs under a private runtime dir of
+its own (so this monitor still talks to it live) and records to its run dir as always.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from perfmon import discovery, paths
+from perfmon.launch import Target, TrainingProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+CONSOLE = Path(sys.executable).with_name("perfmon")
+PERFMON = [str(CONSOLE)] if CONSOLE.exists() else [sys.executable, "-m", "perfmon.cli"]
+OTHER_UID = 54321  # no such user needed: chown takes any number
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a dir to another user needs root")
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A short private dir to build runtime dirs in (Unix socket paths are limited to ~107 bytes)."""
+    d = Path(tempfile.mkdtemp(prefix="pm-rt-"))
+    yield d
+    subprocess.run(["chmod", "-R", "u+rwx", str(d)], check=False)
+    subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def _symlink(base: Path) -> Path:
+    target = base / "target"
+    target.mkdir(mode=0o700)
+    (base / "rt").symlink_to(target)
+    return base / "rt"
+
+
+def _wide(base: Path) -> Path:
+    rt = base / "rt"
+    rt.mkdir()
+    rt.chmod(0o777)
+    return rt
+
+
+def _foreign(base: Path) -> Path:
+    rt = base / "rt"
+    rt.mkdir(mode=0o700)
+    os.chown(rt, OTHER_UID, OTHER_UID)
+    return rt
+
+
+# -- paths.runtime_dir ---------------------------------------------------------------------------
+def test_missing_dir_is_created_private(base, monkeypatch):
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(base / "a" / "rt"))
+    rt = paths.runtime_dir()
+    st = rt.lstat()
+    assert stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
+
+
+def test_default_is_per_user_under_tmp(monkeypatch):
+    monkeypatch.delenv("PERFMON_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    assert paths.configured_runtime_dir() == Path(f"/tmp/perfmon-{os.getuid()}")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    assert paths.configured_runtime_dir() == Path("/run/user/1000/perfmon")
+
+
+def test_symlink_is_refused_and_never_followed(base, monkeypatch):
+    rt = _symlink(base)
+    (base / "target").chmod(0o755)
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(rt))
+    for create in (True, False):
+        with pytest.raises(paths.RuntimeDirError, match="is a symlink"):
+            paths.runtime_dir(create=create)
+    with pytest.raises(paths.RuntimeDirError):
+        paths.socket_path(123)
+    assert stat.S_IMODE((base / "target").stat().st_mode) == 0o755  # not chmod'ed through the link
+    assert list((base / "target").iterdir()) == []
+
+
+def test_dangling_symlink_is_refused_and_nothing_is_created_at_its_target(base, monkeypatch):
+    (base / "rt").symlink_to(base / "nowhere")
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(base / "rt"))
+    with pytest.raises(paths.RuntimeDirError, match="is a symlink"):
+        paths.runtime_dir()
+    assert not (base / "nowhere").exists()
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777, 0o702])
+def test_dir_others_can_write_is_refused_and_left_as_it_is(base, monkeypatch, mode):
+    rt = base / "rt"
+    rt.mkdir()
+    rt.chmod(mode)
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(rt))
+    with pytest.raises(paths.RuntimeDirError, match=f"has mode {mode:04o}"):
+        paths.runtime_dir()
+    assert stat.S_IMODE(rt.stat().st_mode) == mode
+
+
+def test_own_dir_others_can_only_read_is_made_private(base, monkeypatch):
+    rt = base / "rt"
+    rt.mkdir()
+    rt.chmod(0o755)
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(rt))
+    assert paths.runtime_dir() == rt
+    assert stat.S_IMODE(rt.stat().st_mode) == 0o700
+
+
+def test_a_file_in_the_way_is_refused(base, monkeypatch):
+    (base / "rt").write_text("")
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(base / "rt"))
+    with pytest.raises(paths.RuntimeDirError, match="is not a directory"):
+        paths.runtime_dir()
+
+
+def test_dir_that_cannot_be_created_is_an_error_not_a_traceback(base, monkeypatch):
+    (base / "file").write_text("")
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(base / "file" / "rt"))
+    with pytest.raises(paths.RuntimeDirError, match="cannot be created"):
+        paths.runtime_dir()
+
+
+@as_root
+def test_dir_of_another_user_is_refused(base, monkeypatch):
+    rt = _foreign(base)
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(rt))
+    with pytest.raises(paths.RuntimeDirError, match=f"is owned by uid {OTHER_UID}"):
+        paths.runtime_dir()
+    assert rt.stat().st_uid == OTHER_UID
+
+
+def test_the_line_says_what_is_wrong_and_the_fix(base, monkeypatch):
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(_wide(base)))
+    with pytest.raises(paths.RuntimeDirError) as info:
+        paths.runtime_dir()
+    line = paths.unusable_line(info.value, "live attach disabled")
+    assert line == (f"perfmon: runtime dir {base / 'rt'} has mode 0777 (others can write to it): not using it; "
+                    "live attach disabled (set PERFMON_RUNTIME_DIR to a private dir)")
+
+
+# -- discovery ----------------------------------------------------------------------------------
+def test_ls_and_attach_do_not_read_an_unsafe_dir(base, monkeypatch, capsys):
+    rt = _wide(base)
+    (rt / "1.json").write_text(json.dumps({"pid": os.getpid(), "socket": str(rt / "1.sock"), "run_dir": "/x"}))
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(rt))
+    assert discovery.live_runs() == []
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"perfmon: runtime dir {rt} has mode 0777")
+    with pytest.raises(discovery.AttachError):
+        discovery.find_run(None)
+    assert (rt / "1.json").exists()  # not ours to clean up either
+
+
+# -- the launcher --------------------------------------------------------------------------------
+def test_launcher_gives_the_job_a_private_dir_and_removes_it(base, tmp_path, monkeypatch, capsys):
+    rt = _symlink(base)
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(rt))
+    script = tmp_path / "job.py"
+    script.write_text("import os\nprint(os.environ['PERFMON_RUNTIME_DIR'])\n")
+    monkeypatch.chdir(ROOT)  # the job imports perfmon from here
+    proc = TrainingProcess(Target(str(script), None), tmp_path / "run").start()
+    private = proc.runtime_dir
+    assert private is not None and private != rt and not private.is_symlink()
+    st = private.lstat()
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid()
+    assert proc.socket_path.parent == private
+    assert proc.wait() == 0
+    assert not private.exists()
+    assert (tmp_path / "run" / "output.log").read_text().strip().splitlines()[-1] == str(private)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a symlink" in err and "not using it" in err
+    assert list((base / "target").iterdir()) == []
+
+
+# -- end to end -------------------------------------------------------------------------------
+def _steps_recorded(run: Path) -> int:
+    n = 0
+    for line in (run / "events.jsonl").read_text().splitlines():
+        msg = json.loads(line)
+        if msg.get("type") == "steps":
+            n += len(msg["rows"])
+    return n
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("make, problem", [
+    pytest.param(_symlink, "is a symlink", id="symlink"),
+    pytest.param(_wide, "has mode 0777", id="mode-0777"),
+    pytest.param(_foreign, f"is owned by uid {OTHER_UID}", id="foreign-owner", marks=as_root),
+])
+def test_headless_run_under_an_unsafe_runtime_dir(base, tmp_path, make, problem):
+    rt = make(base)
+    before = sorted(p.name for p in base.rglob("*"))
+    run = tmp_path / "run"
+    env = dict(os.environ, PERFMON_RUNTIME_DIR=str(rt))
+    res = subprocess.run([*PERFMON, "--headless", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",
+                          "--steps", "5"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("perfmon: ")]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"perfmon: runtime dir {rt} {problem}") and "not using it" in lines[0]
+    assert "PERFMON_RUNTIME_DIR" in lines[0]
+    assert "Traceback" not in res.stderr and "Traceback" not in (run / "output.log").read_text()
+    assert "[perfmon] warning" not in res.stderr  # the agent had a safe dir: no socket error either
+    assert _steps_recorded(run) == 5
+    assert sorted(p.name for p in base.rglob("*")) == before  # nothing created in or through the unsafe dir
