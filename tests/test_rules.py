@@ -134,7 +134,8 @@ def test_no_mixed_precision():
 
 def test_priority_notes_overlapped_data():
     f = find(make_state(data=0.1, fwd=1, bwd=1, opt=1, other=0), "priority")
-    assert f.severity == "info" and len(f.evidence["ranking"]) == 5
+    assert f.severity == "info" and len(f.evidence["share_by_phase"]) == 5
+    assert list(f.evidence["share_by_phase"].values()) == sorted(f.evidence["share_by_phase"].values(), reverse=True)
 
 
 def test_step_instability_periodic_spikes_and_quiet_when_steady():
@@ -227,3 +228,25 @@ def test_host_cpu_is_judged_over_the_samples_taken_while_stepping():
     assert state.host["system_cpu_percent"] == 12.0
     assert state.recent_host()["system_cpu_percent"] == 97.0
     assert find(state, "loader-cpu-bound") is not None
+
+
+@pytest.mark.parametrize("host, fires", [
+    # workers fill the CPUs
+    ({"cpu_count": 4, "system_cpu_percent": 98.0, "workers_cpu_percent": 390.0}, True),
+    # a busy host, most of it the workers
+    ({"cpu_count": 2, "system_cpu_percent": 95.0, "workers_cpu_percent": 150.0}, True),
+    # the case: workers at 6%, host idle: never "saturate the CPU"
+    ({"cpu_count": 2, "system_cpu_percent": 0.0, "workers_cpu_percent": 6.0}, False),
+    # a busy host, but not because of the workers (another job)
+    ({"cpu_count": 2, "system_cpu_percent": 97.0, "workers_cpu_percent": 12.0}, False),
+])
+def test_loader_cpu_bound_never_contradicts_its_evidence(host, fires):
+    loader = {**LOADER, "num_workers": 2}
+    f = find(make_state(data=5, model={"loaders": [loader]}, host={"cpu_percent": 40.0, "workers": 2, **host}),
+             "loader-cpu-bound")
+    assert (f is not None and "saturate" in f.title) == fires
+    if f is not None:  # every number in the title is the evidence's own
+        ev = f.evidence
+        assert f"{ev['workers']} workers use {ev['workers_cpu_share']:.0%} of {ev['cpu_count']} CPUs" in f.title
+        assert f"host {ev['system_cpu_percent'] / 100:.0%} busy" in f.title
+        assert ev["workers_cpu_share"] >= 0.9 or ev["system_cpu_percent"] >= 90

@@ -587,3 +587,10 @@ async def test_end_to_end_profile_and_empty_cache(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.stop()
         proc.wait()
+
+
+def test_a_ranking_in_evidence_reads_as_a_ranked_list():
+    from perfmon.tui.widgets.findings import evidence_value
+
+    text = evidence_value("share_by_phase", {"optimizer": 0.5081, "backward": 0.203, "other": 0.1})
+    assert text == "1. optimizer 51% · 2. backward 20% · 3. other 10%"

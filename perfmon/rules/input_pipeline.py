@@ -40,7 +40,7 @@ def input_bound(f: Facts, cfg: Config) -> Finding | None:
     )
 
 
-@rule("loader-cpu-bound", "data share > 10% with DataLoader workers using > 90% of their CPUs (CPU-bound preprocessing), or every worker busy with CPUs to spare (too few workers)")
+@rule("loader-cpu-bound", "data share > 10% with DataLoader workers filling > 90% of the CPUs (or a > 90% busy host, at least half of it the workers): CPU-bound preprocessing; or every worker busy with CPUs to spare (too few workers)")
 def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["data"]
     loader = _loader(f)
@@ -52,11 +52,15 @@ def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
     workers_cpu = host.get("workers_cpu_percent") or 0.0
     per_worker = workers_cpu / nw / 100.0
     system = (host.get("system_cpu_percent") or 0.0) / 100.0
-    if system >= cfg.loader_cpu_saturated or workers_cpu / (100.0 * cpus) >= cfg.loader_cpu_saturated:
+    workers_frac = workers_cpu / (100.0 * cpus)
+    # The workers themselves must be what fills the CPUs: a busy host with idle workers is not this finding.
+    if workers_frac >= cfg.loader_cpu_saturated or (system >= cfg.loader_cpu_saturated and workers_frac >= 0.5 * system):
         return Finding(
-            "loader-cpu-bound", "critical" if share > cfg.data_critical else "warn", f"DataLoader workers saturate the CPU ({workers_cpu:.0f}% over {nw} workers)",
-            {"workers": nw, "workers_cpu_percent": workers_cpu, "system_cpu_percent": host.get("system_cpu_percent"),
-             "cpu_count": cpus, "data_share": round(share, 4)},
+            "loader-cpu-bound", "critical" if share > cfg.data_critical else "warn",
+            f"DataLoader workers saturate the CPU: {nw} workers use {workers_frac:.0%} of {cpus} CPUs, "
+            f"host {system:.0%} busy",
+            {"workers": nw, "workers_cpu_percent": round(workers_cpu, 1), "workers_cpu_share": round(workers_frac, 3),
+             "system_cpu_percent": round(system * 100.0, 1), "cpu_count": cpus, "data_share": round(share, 4)},
             "Preprocessing is CPU-bound: more workers will not help past the CPU count. Make each sample cheaper "
             "(pre-decode, smaller images, simpler augmentation), move augmentation to the GPU, or use a host with more cores.",
             impact=share, supersedes=("input-bound",),
@@ -66,7 +70,7 @@ def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
         return Finding(
             "loader-cpu-bound", "critical" if share > cfg.data_critical else "warn",
             f"Too few DataLoader workers: {nw} workers each at {per_worker:.0%} CPU, {cpus - nw} CPUs to spare",
-            {"workers": nw, "per_worker_cpu": round(per_worker, 3), "system_cpu_percent": host.get("system_cpu_percent"),
+            {"workers": nw, "per_worker_cpu": round(per_worker, 3), "system_cpu_percent": round(system * 100.0, 1),
              "cpu_count": cpus, "data_share": round(share, 4)},
             f"Raise DataLoader(num_workers={nw}) to {want}: each worker is busy all the time and the host has idle CPUs.",
             impact=share, supersedes=("input-bound",),

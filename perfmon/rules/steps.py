@@ -22,7 +22,7 @@ def priority(f: Facts, cfg: Config) -> Finding | None:
         note = " (data is overlapped by workers: speeding it up gives nothing)"
     return Finding(
         "priority", "info", f"Biggest phase: {top} ({share:.0%} of step time)",
-        {"ranking": [[p, round(s, 4)] for p, s in ranked], "steps": len(f.steps)},
+        {"share_by_phase": {p: round(s, 4) for p, s in ranked}, "steps": len(f.steps)},  # ranked, biggest first
         f"Optimise {PHASE_ADVICE[top]} first{note}.", impact=share,
     )
 
