@@ -97,6 +97,7 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
         },
         "step_ms": {k: _round(v) for k, v in phases["step"].items() if k != "share"},
         "outside_steps": _outside(state),
+        "profiled_steps": state.windowed_steps,  # inside profiler/FLOP windows: left out of "phases" and "step_ms"
         "closures_per_step": _round(state.closures_per_step(), 3),
         "run_dir": meta.get("run_dir"),
         "pid": meta.get("pid"),
@@ -231,6 +232,8 @@ def format_summary(state: RunState) -> str:
     if s["steps"]:
         lines.append(f"  {'step':<10} {_fmt_ms(st.get('mean_ms')):>10} {_fmt_ms(st.get('p50_ms')):>10} "
                      f"{_fmt_ms(st.get('p95_ms')):>10}")
+    if s["profiled_steps"]:
+        lines.append(f"  {'':<10} ({s['profiled_steps']} profiled steps left out: the profiler slows them down)")
     outside = [f"{kind} {v['share'] * 100:.1f}%" for kind, v in s["outside_steps"].items() if v["ms"]]
     if outside:
         lines.append(f"  {'outside':<10} {', '.join(outside)} of wall time (not in any step)")

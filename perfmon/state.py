@@ -166,6 +166,7 @@ class RunState:
         self.outside_ms: dict[str, float] = dict.fromkeys(OUTSIDE_KINDS, 0.0)
         self.closures_total = 0  # closure evaluations (forwards inside optimizer.step), all steps
         self.closure_steps = 0  # steps that reported closures
+        self.windowed_steps = 0  # steps inside profiler / FLOP-counter windows: left out of the phase statistics
         self.first_start: float | None = None
         self.last_end: float | None = None
         self.step_series = TimeSeries()
@@ -260,14 +261,24 @@ class RunState:
         good = [r for r in rows if isinstance(r, list) and len(r) == len(fields)]
         columns: list[list[float]] = [[] for _ in ALL_PHASES] + [[]]  # per phase, then other, step
         series_add = self.step_series.add
+        # profiler / FLOP-counter windows that may hold these rows (rows come in time order; windows are few)
+        first_t = float(good[0][i_t]) - float(good[0][i_dur]) / 1000.0 if good else 0.0
+        windows = [(b, e) for b, e in self.windows if e > first_t]
+        windowed: list[bool] = []
         done = 0
         try:
             for row in good:
                 index, t, dur, values, other, samples = read(row)
                 if i_dev_fwd is not None and row[i_dev_fwd] is not None:
                     self.device_timed = True
-                for column, value in zip(columns, (*values, other, dur), strict=True):
-                    column.append(value)
+                start = t - dur / 1000.0
+                inside = bool(windows) and any(start < stop and t > begin for begin, stop in windows)
+                windowed.append(inside)
+                if inside:  # slowed down by the profiler: not in the phase statistics, counted apart
+                    self.windowed_steps += 1
+                else:
+                    for column, value in zip(columns, (*values, other, dur), strict=True):
+                        column.append(value)
                 if index > self.steps:
                     self.steps = index
                 if samples:
@@ -276,7 +287,6 @@ class RunState:
                 if i_closures is not None and isinstance(row[i_closures], int):
                     self.closures_total += row[i_closures]
                     self.closure_steps += 1
-                start = t - dur / 1000.0
                 if self.first_start is None or start < self.first_start:
                     self.first_start = start
                 if self.last_end is None or t > self.last_end:
@@ -288,12 +298,12 @@ class RunState:
                 tot = self.totals[name]
                 tot.total_ms += sum(column)
                 tot.hist.add_many(column)
-            for row in good[max(0, done - (self.recent.maxlen or done)):done]:
+            first = max(0, done - (self.recent.maxlen or done))
+            for row, inside in zip(good[first:done], windowed[first:done], strict=True):
                 index, t, dur, values, other, samples = read(row)
-                start = t - dur / 1000.0
                 self.recent.append({
                     "i": index, "t": t, "dur": dur, **dict(zip(PHASES, values, strict=True)), "other": other,
-                    "samples": samples, "windowed": any(start < stop and t > begin for begin, stop in self.windows),
+                    "samples": samples, "windowed": inside,
                 })
 
     def _peak(self, key: str, value: Any) -> None:
@@ -502,7 +512,12 @@ class RunState:
         if not self.steps or self.first_start is None or self.last_end is None:
             return None
         span = self.last_end - self.first_start
-        return self.totals["step"].hist.n / span if span > 0 else None
+        return self.steps_folded / span if span > 0 else None
+
+    @property
+    def steps_folded(self) -> int:
+        """Step rows folded in, profiled ones included (the phase statistics leave those out)."""
+        return self.totals["step"].hist.n + self.windowed_steps
 
     def samples_per_s(self, recent: bool = True) -> float | None:
         if recent:
@@ -514,7 +529,7 @@ class RunState:
         sps = self.steps_per_s(recent=False)
         if not self.samples_steps or sps is None:
             return None
-        return sps * self.samples_total / self.totals["step"].hist.n
+        return sps * self.samples_total / self.steps_folded
 
     def outside_shares(self) -> dict[str, float] | None:
         """Share of the job's wall time spent outside training steps, by kind (None: none seen)."""
@@ -534,7 +549,7 @@ class RunState:
         """Per phase (and ``step``): mean, p50, p95 in ms and share of step time."""
         out: dict[str, dict[str, float | None]] = {}
         if recent:
-            rows = list(self.recent)
+            rows = [s for s in self.recent if not s["windowed"]]
             total = sum(s["dur"] for s in rows) or 0.0
             for p in (*ALL_PHASES, "step"):
                 values = sorted(s["dur" if p == "step" else p] for s in rows)

@@ -117,7 +117,10 @@ async def test_phases_match_state(tmp_path: Path) -> None:
             assert row_tokens(text, phase) == [expected], phase
         assert row_tokens(text, "optimizer")[0][0] == "3.50"  # the fixture's constant optimizer time
         assert row_tokens(text, "step")[0][3] == "100%"
-        assert "last 200 steps" in text and "since start (3,000)" in text
+        left_out = app.state.windowed_steps
+        assert left_out > 0  # the fixture's profiler window: those steps are not in the statistics
+        assert f"since start ({fmt.count(3000 - left_out)})" in text
+        assert f"{left_out} profiled steps left out" in text
 
 
 async def test_log_shows_output(tmp_path: Path) -> None:

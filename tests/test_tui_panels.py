@@ -98,7 +98,8 @@ def live_app(tmp_path: Path, **kw: Any) -> tuple[PerfmonApp, RecordingSource]:
 
 async def live_loaded(pilot: Any, steps: int = 3000) -> None:
     app = pilot.app
-    await wait_until(pilot, lambda: app.state.steps >= steps and app.query_one(PhasesPanel).info.total_n >= steps)
+    await wait_until(pilot, lambda: app.state.steps >= steps and app.query_one(PhasesPanel).info.total_n
+                     + app.state.windowed_steps >= steps)
 
 
 def toasts(app: PerfmonApp) -> list[tuple[str, str]]:

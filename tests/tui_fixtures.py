@@ -299,7 +299,7 @@ async def loaded(pilot: Pilot, steps: int | None = None) -> None:
             data = app.stream_ended  # the app redraws from the final state on this
         else:
             info = app.query_one(PhasesPanel).info
-            data = info is not None and info.total_n >= steps
+            data = info is not None and info.total_n + app.state.windowed_steps >= steps
         return data and log.line_count >= want and log.scroll_y == log.max_scroll_y
 
     await wait_until(pilot, ready)

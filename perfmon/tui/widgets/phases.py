@@ -51,7 +51,7 @@ class PhaseInfo:
         return cls(
             recent=_freeze(state.phase_stats(recent=True)),
             total=_freeze(state.phase_stats(recent=False)),
-            recent_n=len(state.recent),
+            recent_n=sum(1 for s in state.recent if not s["windowed"]),
             total_n=state.totals["step"].hist.n,
             series=tuple(state.step_series.values(seconds)),
             span=label,
@@ -77,6 +77,8 @@ def notes_line(state: RunState) -> str:
     closures = state.closures_per_step()
     if closures:
         parts.append(f"{closures:.1f} closure evaluations/step")
+    if state.windowed_steps:
+        parts.append(f"{fmt.count(state.windowed_steps)} profiled steps left out (the profiler slows them)")
     return " · ".join(parts)
 
 
@@ -208,7 +210,7 @@ class PhasesView:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        if self.info is None or not self.info.total_n:
+        if self.info is None or not (self.info.total_n or self.info.notes):
             text = NO_STEPS if self.info is not None and self.info.ended else "waiting for steps…"
             yield Text(text, self.styles["heading"])
             return
