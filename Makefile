@@ -32,3 +32,22 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) perfmon-runs .pytest_cache
+
+# Torch compatibility, not part of `make test`: for the oldest supported torch and the newest this
+# machine's pip allows, a venv .venv-compat-<ver> (made once; CUDA wheels from PyPI, ~5 GB each)
+# runs the loop-shape end-to-end tests and the corpus. Other versions:
+#   make test-compat COMPAT_TORCH="2.4.1 2.13.0"
+COMPAT_TORCH ?= 2.4.1 2.14.1
+
+.PHONY: test-compat
+test-compat:
+	@status=0; for v in $(COMPAT_TORCH); do \
+	  venv=.venv-compat-$$v; \
+	  echo "== torch $$v ($$venv)"; \
+	  if [ ! -x $$venv/bin/python ]; then $(PY) -m venv $$venv && $$venv/bin/python -m pip install -q --upgrade pip || exit 1; fi; \
+	  $$venv/bin/python -c "import sys, torch; sys.exit(torch.__version__.split('+')[0] != '$$v')" 2>/dev/null || \
+	    $$venv/bin/python -m pip install -q "torch==$$v" "numpy<2" || exit 1; \
+	  $$venv/bin/python -m pip install -q -e ".[dev]" || exit 1; \
+	  $$venv/bin/python -m pytest -q -m e2e -k loop_shape tests/test_e2e.py || status=1; \
+	  $$venv/bin/python -m pytest -q tests/test_corpus.py || status=1; \
+	done; exit $$status

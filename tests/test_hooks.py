@@ -216,3 +216,38 @@ def test_no_cuda_event_is_recorded_while_a_stream_captures(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", lambda **kw: made.append(kw))
     assert CudaResolver.make_event() is None
     assert made == []
+
+
+def test_a_torch_without_a_private_api_degrades_to_not_measured(monkeypatch):
+    from torch.utils.data import dataloader
+
+    monkeypatch.delattr(dataloader, "_BaseDataLoaderIter")  # as if this torch had renamed it
+    rec = Recorder()
+    errors: list = []
+    inst = Instrumentation(rec.emit, lambda *a: errors.append(a))
+    inst.install()  # must not raise
+    try:
+        assert inst.unavailable == ["DataLoader"]
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x in DataLoader(torch.randn(8, 4), batch_size=2):  # runs, untimed
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        inst.uninstall()
+    assert errors == []
+    assert rec.steps() == 4
+    assert not any(c == BEGIN and a == "data" for c, a in rec.events)
+
+
+def test_an_old_torch_is_said_once(tmp_path, capfd):
+    from perfmon.agent import bootstrap
+    from perfmon.agent.runtime import Agent
+
+    agent = Agent(tmp_path / "run", {"script": "x"}, sample_interval=None)
+    bootstrap._warn_old_torch(agent, "2.3.1+cu121", ["DataLoader"])
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "older than the 2.4" in err and "not measured with this torch: DataLoader" in err
+    bootstrap._warn_old_torch(agent, "2.13.0+cpu", [])
+    assert capfd.readouterr().err == ""

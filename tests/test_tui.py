@@ -120,7 +120,7 @@ async def test_phases_match_state(tmp_path: Path) -> None:
         left_out = app.state.windowed_steps
         assert left_out > 0  # the fixture's profiler window: those steps are not in the statistics
         assert f"since start ({fmt.count(3000 - left_out)})" in text
-        assert f"{left_out} profiled steps left out" in text
+        assert f"{left_out} profiled steps left out" in text  # beside the share bar
 
 
 async def test_log_shows_output(tmp_path: Path) -> None:

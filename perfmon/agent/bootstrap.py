@@ -71,9 +71,31 @@ def install_hooks(agent: Agent) -> None:
         agent.instrumentation = inst
         torch = sys.modules["torch"]
         agent.meta["torch"] = getattr(torch, "__version__", agent.meta.get("torch"))
+        _warn_old_torch(agent, str(agent.meta["torch"]), inst.unavailable)
     except Exception as exc:  # noqa: BLE001
         agent.record_error("hooks", exc)
         print(f"perfmon: could not instrument torch ({exc}); use perfmon.step() to mark steps", file=sys.stderr)
+
+
+#: The oldest torch perfmon supports (pyproject.toml's "torch" extra says the same).
+MIN_TORCH = (2, 4)
+
+
+def _warn_old_torch(agent: Agent, version: str, unavailable: list[str]) -> None:
+    """Say once (stderr and the recording) what an old torch leaves unmeasured; the job runs on regardless."""
+    try:
+        parts = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        parts = MIN_TORCH
+    notes = []
+    if parts < MIN_TORCH:
+        notes.append(f"torch {version} is older than the {MIN_TORCH[0]}.{MIN_TORCH[1]} perfmon supports")
+    if unavailable:
+        notes.append(f"not measured with this torch: {', '.join(unavailable)}")
+    if notes:
+        text = "perfmon: " + "; ".join(notes)
+        print(text, file=sys.__stderr__, flush=True)
+        agent.warn(text)
 
 
 def _profile_config() -> dict[str, Any]:

@@ -135,9 +135,8 @@ class Instrumentation:
                             ("forward", self._start_discovery)):
             try:
                 patch()
-            except Exception as exc:  # noqa: BLE001 - a torch without this API: that part is not measured
+            except Exception:  # noqa: BLE001 - a torch without this API: that part is not measured (said once)
                 self.unavailable.append(name)
-                self._on_error(f"hooks:{name}", exc)
         self._find_existing_optimizers()
 
     def uninstall(self) -> None:

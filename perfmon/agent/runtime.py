@@ -124,6 +124,11 @@ class Agent:
             )
             self.server.start()
             self._write_discovery()
+        except paths.RuntimeDirError as exc:  # not ours to use: said once, like the launcher; not an internal error
+            print(paths.unusable_line(exc, "live attach disabled"), file=sys.__stderr__, flush=True)
+            self.publish(protocol.message("event", kind="warning", t=time.time(),
+                                          message=f"{exc}: not using it; live attach disabled"))
+            self.server = None
         except Exception as exc:  # noqa: BLE001 - no socket: training goes on, recording still works
             self.record_error("socket", exc)
             self.server = None
@@ -235,6 +240,10 @@ class Agent:
             if self.server is not None:
                 warn = protocol.message("event", kind="warning", message=self.recorder.error, seq=self._seq)
                 self.server.broadcast(protocol.encode(warn))
+
+    def warn(self, text: str) -> None:
+        """A warning for the monitors and the recording (published by the agent's thread)."""
+        self._unreported.append(text)
 
     def record_error(self, where: str, exc: BaseException) -> None:
         """Count an internal error; keep the first few messages. Never raises."""

@@ -26,6 +26,7 @@ TABLE_W = NAME_W + 2 * SECTION_W + GAP
 TABLE_LINES = 2 + len(ROWS)
 SIDE_CHART_MIN = 30  # chart beside the table when at least this many columns are left
 BLOCKS = " ▁▂▃▄▅▆▇█"
+BAR_MIN = 12  # cells the share bar keeps when notes share its line
 
 Stats = dict[str, dict[str, float | None]]
 
@@ -78,7 +79,7 @@ def notes_line(state: RunState) -> str:
     if closures:
         parts.append(f"{closures:.1f} closure evaluations/step")
     if state.windowed_steps:
-        parts.append(f"{fmt.count(state.windowed_steps)} profiled steps left out (the profiler slows them)")
+        parts.append(f"{fmt.count(state.windowed_steps)} profiled steps left out")
     return " · ".join(parts)
 
 
@@ -170,15 +171,21 @@ class PhasesView:
         return lines
 
     def bar_line(self, width: int) -> Text:
+        """The stacked share bar; the notes (time outside steps, ...) share its line, so the height never changes."""
         assert self.info is not None
         recent = self.info.stats(True)
         shares = [(p, recent[p]["share"] or 0.0) for p in ALL_PHASES if p in recent]
+        notes = self.info.notes
+        bar_w = max(BAR_MIN, width - len(notes) - 2) if notes else width
         line = Text(no_wrap=True)
-        cells = stacked_bar(shares, width)
+        cells = stacked_bar(shares, bar_w)
         if not cells:
-            return line.append("─" * width, self.styles["heading"])
+            line.append("─" * bar_w, self.styles["heading"])
         for p, n in cells:
             line.append("█" * n, self.styles[p])
+        if notes:
+            room = max(0, width - bar_w - 2)
+            line.append("  ").append(notes if len(notes) <= room else notes[: max(0, room - 1)] + "…", self.styles["heading"])
         return line
 
     def chart_label(self) -> Text:
@@ -225,8 +232,6 @@ class PhasesView:
         else:
             lines = table + self.chart_lines(width, self.chart_height)
         lines.append(self.bar_line(width))
-        if self.info.notes:
-            lines.append(Text(self.info.notes, self.styles["heading"], no_wrap=True, overflow="ellipsis"))
         for line in lines:
             line.truncate(width)
             yield from line.render(console)
@@ -249,21 +254,16 @@ class PhasesPanel(StyledWidget):
     def span(self) -> tuple[str, float | None]:
         return SPANS[self.span_index % len(SPANS)]
 
-    def watch_info(self, old: PhaseInfo | None, new: PhaseInfo | None) -> None:
-        if bool(old and old.notes) != bool(new and new.notes):
-            self.refresh(layout=True)  # the notes line comes or goes: the panel's height changes
-
     def chart_height(self) -> int:
         """Rows of the step-time chart when it sits below the table."""
         return 4 if self.app.size.height >= 32 else 1
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        notes = 1 if self.info is not None and self.info.notes else 0
         side = width - TABLE_W - GAP
         if side >= SIDE_CHART_MIN:
-            return TABLE_LINES + 1 + notes
+            return TABLE_LINES + 1
         chart = self.chart_height()
-        return TABLE_LINES + 1 + chart + (1 if chart > 1 else 0) + notes
+        return TABLE_LINES + 1 + chart + (1 if chart > 1 else 0)
 
     def render(self) -> PhasesView:
         styles = self.component_styles()
