@@ -64,6 +64,30 @@ def check_target(target: Target, python: str | None) -> None:
             sys.path[:] = saved
         if not found:
             raise LaunchError(f"No module named '{top}'")
+    if python is not None:
+        check_interpreter(python)
+
+
+def check_interpreter(python: str) -> None:
+    """``--python EXE`` must be an interpreter that can import perfmon's agent (one line if not)."""
+    exe = shutil.which(python) or python
+    if not os.path.exists(exe):
+        raise LaunchError(f"--python {python}: no such interpreter")
+    if os.path.realpath(exe) == os.path.realpath(sys.executable):
+        return
+    try:
+        probe = subprocess.run([exe, "-c", "import perfmon.agent"], stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=120)
+    except OSError as exc:
+        raise LaunchError(f"--python {python}: cannot run it ({exc.strerror or exc})") from None
+    except subprocess.TimeoutExpired:
+        return  # a slow interpreter: let the job start and speak for itself
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        if "No module named" in last and "perfmon" in last:
+            raise LaunchError(f"--python {python} has no perfmon installed: {exe} -m pip install perfmon "
+                              "(or this checkout: pip install -e PATH)")
+        raise LaunchError(f"--python {python} cannot import perfmon: {last}")
 
 
 class TrainingProcess:

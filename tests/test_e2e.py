@@ -554,3 +554,13 @@ def test_syntax_error_is_one_status_line_and_no_step_table(env, tmp_path):
 def test_report_accepts_the_recording_file_itself(dl_run, env):
     run, _, rep = dl_run
     assert report(run / "events.jsonl", env) == rep
+
+
+def test_python_without_perfmon_is_one_line_exit_2(env, tmp_path):
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    res = perfmon(["--python", str(bare / "bin" / "python"), str(REPO / "demos/loops/exit_code.py")], env,
+                  cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has no perfmon installed" in lines[0] and "pip install" in lines[0]
