@@ -73,7 +73,7 @@ def check_interpreter(python: str) -> None:
     exe = shutil.which(python) or python
     if not os.path.exists(exe):
         raise LaunchError(f"--python {python}: no such interpreter")
-    if os.path.realpath(exe) == os.path.realpath(sys.executable):
+    if os.path.abspath(exe) == os.path.abspath(sys.executable):  # not realpath: venvs share one binary
         return
     try:
         probe = subprocess.run([exe, "-c", "import perfmon.agent"], stdin=subprocess.DEVNULL,
