@@ -378,12 +378,18 @@ class PerfmonApp(App[None]):
         return new
 
     def _toast(self, result: dict[str, object]) -> None:
-        """One command result as a toast; an error when the command failed."""
+        """One command result as a toast; an error when the command failed.
+
+        A profiler window's progress is drawn by the ops view itself (capture marker, then the table):
+        its acknowledgement is not toasted, and its result only briefly, so no toast sits on the table.
+        """
         name = str(result.get("name") or "command")
         text = str(result.get("message") or result.get("error") or f"{name}: done")
         ok = result.get("ok") is not False
-        self.notify(text, title=name, severity="information" if ok else "error",
-                    timeout=5.0 if result.get("done") is False else 8.0)
+        if name == "profile" and ok and result.get("done") is False:
+            return
+        timeout = 2.5 if name == "profile" and ok else 5.0 if result.get("done") is False else 8.0
+        self.notify(text, title=name, severity="information" if ok else "error", timeout=timeout)
 
     def on_state_changed(self, _: StateChanged) -> None:
         if time.monotonic() - self._last_refresh >= COALESCE_S * 0.8:
