@@ -127,3 +127,29 @@ async def test_replay_keys_in_the_dashboard(tmp_path):
         await pilot.press("question_mark")
         assert ("space + - [ ]", "replay: pause/play, faster, slower, start, end") in app.key_help()
     src.close()
+
+
+async def test_replay_profile_age_is_recording_time(tmp_path):
+    """A window 2 s before the end of a recording made long ago reads "2s ago", not the wall-clock age."""
+    from perfmon.tui.app import PerfmonApp
+    from perfmon.tui.widgets.ops import OpsPanel
+    from tui_fixtures import write_recording
+
+    run = write_recording(tmp_path / "run")  # recorded in 2026, replayed now: wall-clock age would be months
+    src = PacedReplaySource(run, speed=3600)
+    app = PerfmonApp(RunState(), src, run)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("right_square_bracket")
+        for _ in range(200):
+            if app.state.exit is not None and src.at_end:
+                break
+            await pilot.pause(0.05)
+        assert app.state.profiles
+        prof_t = app.state.profiles[-1]["t"]
+        age_s = src.position - prof_t
+        assert 0 <= age_s < 60
+        app.refresh_data()
+        info = app.query_one(OpsPanel).info
+        assert info.age is not None and info.age.endswith("s ago") and "min" not in info.age and "h" not in info.age
+        assert info.capturing is None
+    src.close()
