@@ -224,8 +224,10 @@ async def test_escape_cancels_then_job_ends_and_dashboard_stays(tmp_path: Path) 
         await pilot.press("escape")
         assert not isinstance(app.screen, QuitScreen)
         assert app.is_running and app.process.stops == 0
+        assert "d Detach" in screen_text(app).splitlines()[-1]
         app.process.end(-9)
         await wait_until(pilot, lambda: app.process_ended)
+        await wait_until(pilot, lambda: "Detach" not in screen_text(app).splitlines()[-1])  # the footer follows
         text = screen_text(app)
         assert "killed by SIGKILL" in text and "step 3,000" in text
         assert app.is_running  # stays with the final numbers

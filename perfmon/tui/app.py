@@ -176,6 +176,7 @@ class PerfmonApp(App[None]):
         self.clock: Callable[[], float] = time.time  # wall clock for elapsed time (tests pin it)
         self._dirty = False
         self._outcome: str | None = None
+        self._was_live = False
         self._bg_stop = threading.Event()
         self._job_over = threading.Event()
         self.engine = Engine(rules)
@@ -272,6 +273,9 @@ class PerfmonApp(App[None]):
             self._toast(result)
         self.refreshes += 1
         self._last_refresh = time.monotonic()
+        if self.live != self._was_live:
+            self._was_live = self.live
+            self.refresh_bindings()  # the job ended (or connected): the footer drops (or offers) d and p c f m e
         if self.job_ended:
             self._job_over.set()
             if isinstance(self.screen, QuitScreen):  # asked to quit while it ran: the question is moot now

@@ -72,7 +72,7 @@ def notes_line(state: RunState) -> str:
     parts = []
     shares = state.outside_shares()
     if shares:
-        kinds = ", ".join(f"{k} {fmt.share(v)}" for k, v in shares.items() if v > 0)
+        kinds = ", ".join(f"{k} {fmt.share(v)}" for k, v in shares.items() if v >= 0.0005)  # shown as >= 0.1%
         if kinds:
             parts.append(f"outside steps: {kinds} of wall time")
     closures = state.closures_per_step()
