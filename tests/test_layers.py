@@ -1,4 +1,4 @@
-"""The layer rules of DESIGN.md, checked on the source (imports anywhere in a module)."""
+"""The layer rules (README "Development"), checked on the source (imports anywhere in a module)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """torch.profiler windows, started and stopped on the training thread at step boundaries.
 
-FIELD-NOTES: a profiler started from another thread captures nothing of the training
+Measured: a profiler started from another thread captures nothing of the training
 thread, so the socket thread only sets a request; the training thread starts the window at
 the next boundary, steps it, stops it; the trace export and ``key_averages`` (18-110 ms)
 run on a worker thread. The trace is written to a temp file and renamed, so a job that
