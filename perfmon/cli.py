@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from perfmon import __version__
 
@@ -78,14 +78,32 @@ def _report(argv: list[str]) -> int:
     from perfmon.report import ReportError, report_main
 
     p = _Parser(prog="perfmon report", description="Summary of a recorded run.")
-    p.add_argument("run_dir", type=Path, help="a run directory (holds events.jsonl)")
+    p.add_argument("run_dir", type=Path, help="a run directory (holds events.jsonl), or its events.jsonl")
     p.add_argument("--json", action="store_true", help="machine-readable JSON (schema in README)")
+    p.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds (TOML), as for a run")
+    p.add_argument("--write-summary", action="store_true", help="write RUN/summary.json instead of printing")
     args = p.parse_args(argv)
+    rules = _load_rules(args.rules)
+    if rules is False:
+        return 2
     try:
-        return report_main(args.run_dir, args.json)
+        return report_main(args.run_dir, args.json, rules=rules, write=args.write_summary)
     except ReportError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _load_rules(path: Path | None) -> Any:
+    """The --rules file as a Config (None: defaults; False: an error was printed, exit 2)."""
+    if path is None:
+        return None
+    from perfmon.rules import Config
+
+    try:
+        return Config.from_toml(path)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"perfmon: error: --rules {path}: {exc}", file=sys.stderr)
+        return False
 
 
 def _agent_env(args: argparse.Namespace) -> dict[str, str]:
@@ -243,15 +261,11 @@ def _main(argv: list[str] | None = None) -> int:
     if args.interval <= 0:
         _run_parser().error("--interval must be positive")
     env = _agent_env(args)
-    rules = None
+    rules = _load_rules(args.rules)
+    if rules is False:
+        return 2
     if args.rules is not None:
-        from perfmon.rules import Config
-
-        try:
-            rules = Config.from_toml(args.rules)
-        except (OSError, ValueError, TypeError) as exc:
-            print(f"perfmon: error: --rules {args.rules}: {exc}", file=sys.stderr)
-            return 2
+        env["PERFMON_RULES"] = str(Path(args.rules).resolve())  # for a summary.json written after a detach
     try:
         check_target(target, args.python)
         run_dir = args.run_dir or default_run_dir(target.name)

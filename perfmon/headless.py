@@ -120,8 +120,8 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             follower.join(timeout=600.0)
         tail.pump()
         with lock:
-            finalize_recording(proc.run_dir, state, returncode)
-            print(format_summary(state), file=err, flush=True)
+            summary = finalize_recording(proc.run_dir, state, returncode, rules)
+            print(format_summary(state, summary), file=err, flush=True)
         return exit_status(returncode)
     finally:
         for s, handler in previous.items():

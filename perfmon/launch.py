@@ -8,7 +8,6 @@ the job goes on and its recording stays complete.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -18,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from perfmon import paths, protocol
 from perfmon.state import RunState
@@ -154,7 +154,9 @@ class TrainingProcess:
             log = open(self.run_dir / "output.log", "ab")
         except OSError as exc:
             raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
-        env = dict(os.environ, **self.extra_env, PERFMON_RUN_DIR=str(self.run_dir.resolve()), KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"))
+        env = dict(os.environ, **self.extra_env, PERFMON_RUN_DIR=str(self.run_dir.resolve()),
+                   KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"),
+                   PERFMON_LAUNCHER_PID=str(os.getpid()))  # while this launcher waits, it writes summary.json
         env.update(self._choose_runtime_dir())
         try:
             self.popen = subprocess.Popen(
@@ -202,37 +204,58 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def finalize_recording(run_dir: Path, state: RunState, returncode: int) -> None:
+def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: Any = None,
+                       complete: bool = True) -> dict[str, Any] | None:
     """Fold the process exit into ``state``; if the agent died without recording its exit
-    (SIGKILL, os._exit), append the exit record and summary.json for it."""
+    (SIGKILL, os._exit), append the exit record; then write summary.json (analysis stays outside the job),
+    from ``state`` when it saw the whole stream, else from the recording."""
     state.process_exited(returncode)
     events = run_dir / "events.jsonl"
     tail = _tail(events)
     if tail is None:
-        return
-    complete = tail[: tail.rfind(b"\n") + 1]  # a partial last line is not a record
-    if b'"kind":"exit"' in complete.rstrip(b"\n").rsplit(b"\n", 1)[-1]:
-        return
-    from perfmon.report import ReportError, build_summary, load_recording
+        return None
+    written = tail[: tail.rfind(b"\n") + 1]  # a partial last line is not a record
+    from perfmon.report import build_summary, write_summary
 
+    if not _ends_with_exit(written):
+        assert state.exit is not None
+        msg = protocol.message(
+            "event", kind="exit", seq=state.last_seq + 1, t=time.time(), code=state.exit.code,
+            signal=state.exit.signal, exception=None, traceback=None, recorded_by="monitor",
+        )
+        try:
+            with open(events, "ab") as f:
+                if not tail.endswith(b"\n"):
+                    f.write(b"\n")  # the agent died mid-line: keep our record on a line of its own
+                f.write(protocol.encode(msg))
+        except OSError:
+            pass
+    if not complete:
+        from perfmon.report import ReportError, load_recording
+
+        try:
+            state = load_recording(run_dir)
+        except ReportError:
+            return None
+        state.process_exited(returncode)
+    findings = None
+    if rules is not None:
+        from perfmon.rules import evaluate_once
+
+        findings = evaluate_once(state, rules)
+    summary = build_summary(state, findings)
+    write_summary(run_dir, summary)
+    return summary
+
+
+def _ends_with_exit(complete: bytes) -> bool:
+    """The last complete record is the agent's exit event (decoded, not matched as bytes)."""
+    last = complete.rstrip(b"\n").rsplit(b"\n", 1)[-1]
     try:
-        full = load_recording(run_dir)  # rare path: the whole recording, not what a view kept
-    except ReportError:
-        return
-    full.process_exited(returncode)
-    assert full.exit is not None
-    msg = protocol.message(
-        "event", kind="exit", seq=full.last_seq + 1, t=time.time(), code=full.exit.code,
-        signal=full.exit.signal, exception=None, traceback=None, recorded_by="monitor",
-    )
-    try:
-        with open(events, "ab") as f:
-            if not tail.endswith(b"\n"):
-                f.write(b"\n")  # the agent died mid-line: keep our record on a line of its own
-            f.write(protocol.encode(msg))
-        (run_dir / "summary.json").write_text(json.dumps(build_summary(full), indent=2) + "\n")
-    except OSError:
-        pass
+        msg = protocol.decode(last)
+    except protocol.DecodeError:
+        return False
+    return msg.get("type") == "event" and msg.get("kind") == "exit"
 
 
 def _tail(path: Path, size: int = 1 << 16) -> bytes | None:

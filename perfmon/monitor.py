@@ -48,7 +48,8 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None) -> int:
     returncode = proc.wait()
     # Let the stream finish so the final state (and any exit record we add) is complete.
     source.close()
-    finalize_recording(proc.run_dir, state, returncode)
+    # the dashboard stopped reading when it closed: a job stopped from it ended after that
+    finalize_recording(proc.run_dir, state, returncode, rules, complete=outcome != "stopped")
     print(f"perfmon: {state.status}; run dir {proc.run_dir}", file=sys.stderr)
     return exit_status(returncode)
 

@@ -7,6 +7,7 @@ recording and a partial one (a killed job) report the same way.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -205,9 +206,9 @@ def status_line(state: RunState, now: float | None = None) -> str:
     )
 
 
-def format_summary(state: RunState) -> str:
-    """The human summary: header, phase table, exit status."""
-    s = build_summary(state)
+def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> str:
+    """The human summary: header, phase table, exit status (``summary``: already built, e.g. with --rules)."""
+    s = summary if summary is not None else build_summary(state)
     argv = " ".join(s["argv"]) or s["script"] or "?"
     exit_text = state.status if state.exit else "no exit recorded (still running, or killed)"
     lines = [
@@ -257,11 +258,33 @@ def format_finding(f: dict[str, Any]) -> str:
     return f"  [{f['severity']}] {f['id']}: {f['title']}\n      fix: {f['fix']}"
 
 
-def report_main(run_dir: Path, as_json: bool) -> int:
-    """``perfmon report RUN [--json]``."""
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """RUN/summary.json, written whole (a temporary file, then a rename); a full disk leaves the old one."""
+    path = Path(run_dir) / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def report_main(run_dir: Path, as_json: bool, rules: Any = None, write: bool = False) -> int:
+    """``perfmon report RUN [--json] [--rules FILE] [--write-summary]``."""
     state = load_recording(run_dir)
-    if as_json:
-        print(json.dumps(build_summary(state), indent=2))
+    findings = None
+    if rules is not None:
+        from perfmon.rules import evaluate_once
+
+        findings = evaluate_once(state, rules)
+    summary = build_summary(state, findings)
+    if write:
+        write_summary(run_dir_of(run_dir), summary)
+    elif as_json:
+        print(json.dumps(summary, indent=2))
     else:
-        print(format_summary(state))
+        print(format_summary(state, summary))
     return 0

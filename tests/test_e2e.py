@@ -478,7 +478,9 @@ def test_monitor_killed_training_goes_on_and_recording_completes(background, env
     rep = report(run, env)
     assert rep["steps"] == 40 and rep["exit_code"] == 0 and rep["complete"] is True
     assert "done steps=40" in (run / "output.log").read_text()
-    assert json.loads((run / "summary.json").read_text())["steps"] == 40
+    # its launcher is gone: a detached writer outside the job writes summary.json
+    summary = wait_for(lambda: (run / "summary.json").exists() and (run / "summary.json").read_text(), "summary.json")
+    assert json.loads(summary)["steps"] == 40
     assert leftovers(env, pid) == []
 
 
@@ -564,3 +566,22 @@ def test_python_without_perfmon_is_one_line_exit_2(env, tmp_path):
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "has no perfmon installed" in lines[0] and "pip install" in lines[0]
+
+
+def test_rules_file_reaches_summary_json_report_and_headless_summary(env, tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('disabled = ["priority"]\n')
+    run = tmp_path / "run"
+    res = perfmon(["--headless", "--rules", str(rules), "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",
+                   "--steps", "60"], env)
+    assert res.returncode == 0, res.stderr
+    assert "priority" not in res.stderr.split("perfmon summary", 1)[1]  # the final summary used the file
+    summary = json.loads((run / "summary.json").read_text())
+    assert "priority" not in [f["id"] for f in summary["findings"]]
+    assert "priority" in [f["id"] for f in report(run, env)["findings"]]  # without --rules: the defaults
+    with_rules = json.loads(perfmon(["report", str(run), "--json", "--rules", str(rules)], env).stdout)
+    assert "priority" not in [f["id"] for f in with_rules["findings"]]
+    rules.write_text('data_warn = "0.2"\n')
+    bad = perfmon(["--headless", "--rules", str(rules), "demos/loops/dataloader_optimizer.py"], env)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "data_warn wants a number" in bad.stderr

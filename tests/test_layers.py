@@ -13,8 +13,9 @@ PKG = Path(__file__).resolve().parent.parent / "perfmon"
 
 # module path prefix -> top-level packages it must never import
 FORBIDDEN = {
-    "agent": {"textual", "rich", "perfmon.tui"},
-    "collectors": {"textual", "rich", "perfmon.tui"},
+    # inside the training process: timing, recording, serving, commands; never the analysis
+    "agent": {"textual", "rich", "perfmon.tui", "perfmon.state", "perfmon.report", "perfmon.rules"},
+    "collectors": {"textual", "rich", "perfmon.tui", "perfmon.state", "perfmon.report", "perfmon.rules"},
     "rules": {"textual", "torch"},
     "state.py": {"textual", "torch"},
     "protocol.py": {"textual", "torch"},
@@ -63,3 +64,22 @@ def test_import_perfmon_is_light():
     code = "import sys, perfmon; perfmon.step(); print(sorted(m for m in ('torch','textual','rich') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_training_process_never_loads_the_analysis(tmp_path):
+    """Run a real (tiny) job under the agent: state, report and rules stay out of its sys.modules."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys, torch\n"
+        "m = torch.nn.Linear(4, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(5):\n"
+        "    m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()\n"
+        "import atexit\n"
+        "atexit.register(lambda: print(sorted(n for n in sys.modules if n in "
+        "('perfmon.state', 'perfmon.report', 'perfmon.rules', 'textual'))))\n")
+    env = dict(__import__("os").environ, PERFMON_RUN_DIR=str(tmp_path / "run"),
+               PERFMON_RUNTIME_DIR=str(tmp_path / "rt"))
+    out = subprocess.run([sys.executable, "-m", "perfmon.agent", str(script)], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

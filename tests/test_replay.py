@@ -131,9 +131,10 @@ async def test_replay_keys_in_the_dashboard(tmp_path):
 
 async def test_replay_profile_age_is_recording_time(tmp_path):
     """A window 2 s before the end of a recording made long ago reads "2s ago", not the wall-clock age."""
+    from tui_fixtures import write_recording
+
     from perfmon.tui.app import PerfmonApp
     from perfmon.tui.widgets.ops import OpsPanel
-    from tui_fixtures import write_recording
 
     run = write_recording(tmp_path / "run")  # recorded in 2026, replayed now: wall-clock age would be months
     src = PacedReplaySource(run, speed=3600)

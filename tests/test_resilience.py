@@ -82,7 +82,9 @@ def test_instrumented_plain_python_script_can_be_listed_and_attached_by_two_moni
         assert proc.wait(timeout=60) == 0
         for t in threads:
             t.join(timeout=30)
-        recorded = json.loads((run_dir / "summary.json").read_text())
+        # written outside the job, by a detached `perfmon report --write-summary` (nobody launched it)
+        recorded = json.loads(wait_until(lambda: (run_dir / "summary.json").exists() and
+                                         (run_dir / "summary.json").read_text(), what="summary.json"))
         for st in states:  # each monitor back-filled and streamed every step, none twice
             assert st.steps == recorded["steps"] == st.totals["step"].hist.n
             assert st.exit is not None and st.exit.code == 0
@@ -200,7 +202,8 @@ def test_an_attached_monitor_stops_the_job_like_ctrl_c(env, tmp_path):
         collect(src, st, lock)
         wait_until(lambda: st.steps > 5, what="steps")
         assert src.send({"name": "stop", "id": 1})
-        assert proc.wait(timeout=60) == 1  # KeyboardInterrupt unhandled in the script: python's status 1
+        # KeyboardInterrupt unhandled in the script: python dies of SIGINT (or exits 1 if it lands in cleanup)
+        assert proc.wait(timeout=60) in (-signal.SIGINT, 1)
         out = proc.stdout.read().decode()
         assert "KeyboardInterrupt" in out
         wait_until(lambda: any(r.get("name") == "stop" and r.get("ok") for r in st.command_results),

@@ -250,3 +250,16 @@ def test_loader_cpu_bound_never_contradicts_its_evidence(host, fires):
         assert f"{ev['workers']} workers use {ev['workers_cpu_share']:.0%} of {ev['cpu_count']} CPUs" in f.title
         assert f"host {ev['system_cpu_percent'] / 100:.0%} busy" in f.title
         assert ev["workers_cpu_share"] >= 0.9 or ev["system_cpu_percent"] >= 90
+
+
+@pytest.mark.parametrize("text, error", [
+    ('data_warn = "0.2"', "data_warn wants a number"),
+    ("warmup_steps = 2.5", "warmup_steps wants an integer"),
+    ("data_warn = true", "data_warn wants a number"),
+    ('disabled = "priority"', "'disabled' wants a list"),
+])
+def test_config_wrong_types_are_refused_not_silently_disabling(tmp_path, text, error):
+    path = tmp_path / "rules.toml"
+    path.write_text(text + "\n")
+    with pytest.raises(ValueError, match=error):
+        Config.from_toml(path)

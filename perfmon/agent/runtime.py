@@ -24,7 +24,6 @@ from perfmon.agent.cuda_timing import CudaResolver
 from perfmon.agent.recorder import Recorder
 from perfmon.agent.server import Server
 from perfmon.agent.steps import BEGIN, END, STEP, StepRecord, StepTracker
-from perfmon.state import RunState
 
 #: Raw events kept if the publisher falls behind (oldest dropped beyond this).
 EVENT_BUFFER = 500_000
@@ -50,9 +49,9 @@ class Agent:
         self.error_messages: list[str] = []
         self.tracker = StepTracker()
         self.cuda = CudaResolver()
-        self.state = RunState()  # the agent folds its own stream for summary.json
         self._seq = 0
-        self._lock = threading.Lock()
+        # re-entrant: the SIGTERM handler publishes the exit from the main thread, which may be inside publish()
+        self._lock = threading.RLock()
         self._flush_lock = threading.Lock()  # one flush at a time: the publisher's, or the final one at exit
         self._discovery_said: tuple[int, int] = (0, 0)  # steps, monitors in the discovery file
         self._discovery_at = 0.0
@@ -188,11 +187,23 @@ class Agent:
                 return
 
     def write_summary(self) -> None:
-        from perfmon.report import build_summary
-
+        """summary.json is analysis: written outside the job. A launcher still waiting for this process
+        writes it itself; otherwise (perfmon.instrument(), a detached launcher, torchrun) a detached
+        ``perfmon report RUN --write-summary`` does, so the job never loads state, rules or report."""
+        if os.environ.get("PERFMON_LAUNCHER_PID") == str(os.getppid()):
+            return
         try:
-            self.recorder.write_json("summary.json", build_summary(self.state))
-        except Exception as exc:  # noqa: BLE001
+            import subprocess
+
+            package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent,
+                                                                           os.environ.get("PYTHONPATH")])))
+            rules = ["--rules", os.environ["PERFMON_RULES"]] if os.environ.get("PERFMON_RULES") else []
+            subprocess.Popen([sys.executable, "-m", "perfmon.cli", "report", str(self.run_dir), "--write-summary",
+                              *rules],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=env, start_new_session=True, close_fds=True)
+        except Exception as exc:  # noqa: BLE001 - the recording holds everything; summary.json is a convenience
             self.record_error("summary", exc)
 
     # -- publishing ------------------------------------------------------------------------
@@ -205,7 +216,6 @@ class Agent:
             self.recorder.write(data)
             if self.server is not None:
                 self.server.broadcast(data)
-            self.state.apply(msg)
         self._report_recording_error()
 
     def _greeting(self) -> bytes:

@@ -72,13 +72,25 @@ class Config:
             import tomli as tomllib  # type: ignore[no-redef]
 
         data = tomllib.loads(Path(path).read_text())
-        known = {f.name: f.type for f in fields(cls)}
+        defaults = cls()
+        known = {f.name for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, value in {**data.get("thresholds", {}), **{k: v for k, v in data.items() if k != "thresholds"}}.items():
             key = key.replace("-", "_")
             if key not in known:
-                raise ValueError(f"{path}: unknown setting {key!r}")
-            values[key] = tuple(value) if key == "disabled" else value
+                raise ValueError(f"unknown setting {key!r}")
+            if key == "disabled":
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ValueError(f"'disabled' wants a list of rule ids, got {value!r}")
+                values[key] = tuple(value)
+                continue
+            default = getattr(defaults, key)
+            # a string threshold would silently switch its rule off: refuse it, saying what is expected
+            if isinstance(value, bool) or not isinstance(value, int | float) or (
+                    isinstance(default, int) and not isinstance(default, bool) and not isinstance(value, int)):
+                want = "an integer" if isinstance(default, int) else "a number"
+                raise ValueError(f"{key} wants {want} (default {default!r}), got {value!r}")
+            values[key] = value
         return cls(**values)
 
 
