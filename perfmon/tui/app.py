@@ -301,7 +301,7 @@ class PerfmonApp(App[None]):
         now = self.now()
         info = HeaderInfo.from_state(
             self.state, self.mode, stream_ended=self.stream_ended and self.process is None, now=now,
-            findings=self.findings,
+            findings=self.findings, data_warn=self.engine.cfg.data_warn,
         )
         if isinstance(self.source, PacedReplaySource):
             src = self.source

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
 
+from perfmon.rules import Config
 from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.findings import FindingsInfo, badge
@@ -26,7 +27,7 @@ def _n(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def vitals(state: RunState) -> Pieces:
+def vitals(state: RunState, data_warn: float = Config.data_warn) -> Pieces:
     """The numbers that matter most, for every view: GPU, data share, MFU, CPU and RSS."""
     out: list[tuple[str, str]] = []
 
@@ -56,7 +57,7 @@ def vitals(state: RunState) -> Pieces:
     data = stats.get("data", {}).get("share")
     if data is not None:
         sep()
-        out += [("data ", "label"), (fmt.share(data), "warn" if data > 0.10 else "value")]
+        out += [("data ", "label"), (fmt.share(data), "warn" if data > data_warn else "value")]
     flops = state.flops()
     if flops.get("mfu") is not None:
         sep()
@@ -98,7 +99,7 @@ class HeaderInfo:
     @classmethod
     def from_state(
         cls, state: RunState, mode: str = "", stream_ended: bool = False, now: float | None = None,
-        findings: FindingsInfo | None = None,
+        findings: FindingsInfo | None = None, data_warn: float = Config.data_warn,
     ) -> HeaderInfo:
         """Derive the header from ``state`` (call with the state lock held)."""
         meta = state.meta
@@ -151,7 +152,7 @@ class HeaderInfo:
             mode=mode,
             badge=badge(findings)[0],
             badge_kind=badge(findings)[1],
-            vitals=vitals(state),
+            vitals=vitals(state, data_warn),  # the input-bound rule's own threshold (--rules too)
         )
 
 
