@@ -100,7 +100,10 @@ class Instrumentation:
     def begin(self, phase: str, arg: Any = None, key: Any = None) -> None:
         """A phase begins on the training thread (commits the previous step if it is over)."""
         try:
-            if self.bounds.begin(phase, key):
+            bounds = self.bounds
+            if bounds.depth or not bounds.pending:
+                bounds.depth += 1  # nested, or no step waiting to end: nothing to decide (the common case)
+            elif bounds.begin(phase, key):
                 self._commit()
             self._emit(BEGIN, phase if arg is None else arg)
         except Exception as exc:  # noqa: BLE001 - never into training
@@ -109,7 +112,10 @@ class Instrumentation:
     def end(self, phase: str, arg: Any = None, key: Any = None) -> None:
         try:
             self._emit(END, phase if arg is None else arg)
-            if self.bounds.end(phase, key):
+            bounds = self.bounds
+            if bounds.depth > 1:
+                bounds.depth -= 1  # a nested phase ended: only the outermost can end a step
+            elif bounds.end(phase, key):
                 self._commit()
         except Exception as exc:  # noqa: BLE001
             self._on_error("hooks", exc)
