@@ -32,12 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfmon.protocol import OUTSIDE_KINDS
+
 # Event codes (small ints keep the hot path cheap).
 BEGIN = 0  # arg: phase name, or ("forward", module key, kind) from the forward hooks
 END = 1  # arg: phase name, ("data", samples) or ("optimizer", optimizer key)
 STEP = 2  # explicit perfmon.step()
 OPTIMIZER_CREATED = 3  # an optimizer exists: a backward does not end a step (gradient accumulation)
-NOGRAD_FORWARD = 4  # kept for old callers; forward kinds now travel in the BEGIN arg
 BOUNDARY = 5  # the hooks committed a step boundary (Boundaries said so)
 
 #: Forward kinds in a ("forward", key, kind) BEGIN arg.
@@ -45,7 +46,7 @@ GRAD, NOGRAD, COPY = 0, 1, 2
 
 PHASES = ("data", "forward", "backward", "optimizer")
 CHECKPOINT = "checkpoint"  # torch.save: not a step phase; marks time outside steps
-OUTSIDE = ("evaluation", "checkpoint", "other")
+OUTSIDE = OUTSIDE_KINDS  # evaluation, checkpoint, other
 
 
 class Boundaries:
