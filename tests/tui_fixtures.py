@@ -296,10 +296,15 @@ async def loaded(pilot: Pilot, steps: int | None = None) -> None:
 
     def ready() -> bool:
         if steps is None:
-            data = app.stream_ended  # the app redraws from the final state on this
+            # the app redraws from the final state on this, and runs the rules once more over the whole run
+            summary = app.query_one("#summary")
+            data = app.stream_ended and app.findings is not None and summary.info == app.findings
         else:
             info = app.query_one(PhasesPanel).info
             data = info is not None and info.total_n + app.state.windowed_steps >= steps
         return data and log.line_count >= want and log.scroll_y == log.max_scroll_y
 
     await wait_until(pilot, ready)
+    # the final findings may change panel heights: let that layout happen
+    for _ in range(3):
+        await pilot.pause()

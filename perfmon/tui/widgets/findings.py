@@ -229,12 +229,9 @@ class FindingsSummary(StyledWidget):
 
     info: reactive[FindingsInfo | None] = reactive(None)
 
-    def watch_info(self, old: FindingsInfo | None, new: FindingsInfo | None) -> None:
-        if self.get_content_height(Size(), Size(), 0) != max(1, min(self.MAX_LINES, len(old.rows) if old else 0)):
-            self.refresh(layout=True)
-
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return max(1, min(self.MAX_LINES, len(self.info.rows) if self.info else 0))
+        # a fixed height: the overview does not jump as findings come and go (nor race a relayout)
+        return self.MAX_LINES
 
     def render(self) -> FindingsSummaryView:
         return FindingsSummaryView(self.info, self.component_styles(), self.MAX_LINES)

@@ -44,8 +44,14 @@ class LinesPanel(StyledWidget):
     _lines = 0
 
     def watch_info(self) -> None:
-        # a new layout only when the number of lines changed
-        lines = len(self._view().lines(self.content_size.width or 80))
+        # a new layout only when the number of lines changed (at the width it really has: before the first
+        # layout there is none yet, and a count taken at a guessed width could hide a needed relayout)
+        width = self.content_size.width
+        if not width:
+            self._lines = -1
+            self.refresh(layout=True)
+            return
+        lines = len(self._view().lines(width))
         if lines != self._lines:
             self._lines = lines
             self.refresh(layout=True)
