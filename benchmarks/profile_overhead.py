@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from perfmon import protocol
-from perfmon.sources import ReplaySource
+from perfmon.monitor.sources import ReplaySource
 
 DEMO = Path(__file__).resolve().parent.parent / "demos" / "train_mlp.py"
 

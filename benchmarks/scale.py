@@ -18,8 +18,8 @@ import time
 import psutil
 
 from perfmon import protocol
-from perfmon.rules import Engine
-from perfmon.state import RunState
+from perfmon.analysis.rules import Engine
+from perfmon.analysis.state import RunState
 
 
 def feed(steps: int, rate: float = 10_000.0) -> tuple[RunState, list[tuple[int, float]]]:

@@ -75,7 +75,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _report(argv: list[str]) -> int:
-    from perfmon.report import ReportError, report_main
+    from perfmon.analysis.report import ReportError, report_main
 
     p = _Parser(prog="perfmon report", description="Summary of a recorded run.")
     p.add_argument("run_dir", type=Path, help="a run directory (holds events.jsonl), or its events.jsonl")
@@ -97,7 +97,7 @@ def _load_rules(path: Path | None) -> Any:
     """The --rules file as a Config (None: defaults; False: an error was printed, exit 2)."""
     if path is None:
         return None
-    from perfmon.rules import Config
+    from perfmon.analysis.rules import Config
 
     try:
         return Config.from_toml(path)
@@ -130,7 +130,7 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _ls(argv: list[str]) -> int:
-    from perfmon.discovery import live_runs
+    from perfmon.monitor.discovery import live_runs
 
     p = _Parser(prog="perfmon ls", description="Live perfmon runs on this machine.")
     p.add_argument("--json", action="store_true")
@@ -162,7 +162,7 @@ def _status_of(run: dict) -> dict:
     if isinstance(run.get("steps"), int):
         out["steps"] = run["steps"]
         return out
-    from perfmon.report import ReportError, load_recording
+    from perfmon.analysis.report import ReportError, load_recording
 
     try:
         out["steps"] = load_recording(Path(run["run_dir"])).steps
@@ -172,8 +172,8 @@ def _status_of(run: dict) -> dict:
 
 
 def _attach(argv: list[str]) -> int:
-    from perfmon.discovery import AttachError, find_run
-    from perfmon.sources import LiveSource
+    from perfmon.monitor.discovery import AttachError, find_run
+    from perfmon.monitor.sources import LiveSource
 
     p = _Parser(prog="perfmon attach", description="Watch a running job: back-fill from its recording, then live.")
     p.add_argument("target", nargs="?", help="pid or run dir (default: the only live run)")
@@ -188,7 +188,7 @@ def _attach(argv: list[str]) -> int:
     except OSError as exc:
         print(f"perfmon: error: cannot connect to pid {run['pid']}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    from perfmon.state import RunState
+    from perfmon.analysis.state import RunState
     from perfmon.tui.app import PerfmonApp
 
     app = PerfmonApp(RunState(), source, Path(run["run_dir"]))
@@ -204,8 +204,8 @@ def _attach(argv: list[str]) -> int:
 
 
 def _replay(argv: list[str]) -> int:
-    from perfmon.report import ReportError, load_recording, run_dir_of
-    from perfmon.sources import PacedReplaySource
+    from perfmon.analysis.report import ReportError, load_recording, run_dir_of
+    from perfmon.monitor.sources import PacedReplaySource
 
     p = _Parser(prog="perfmon replay", description="The dashboard over a recording, played back in time "
                 "(space pause, + - speed, [ start, ] end).")
@@ -218,7 +218,7 @@ def _replay(argv: list[str]) -> int:
     except ReportError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2
-    from perfmon.state import RunState
+    from perfmon.analysis.state import RunState
     from perfmon.tui.app import PerfmonApp
 
     PerfmonApp(RunState(), PacedReplaySource(args.run_dir, speed=args.speed), args.run_dir).run()
@@ -254,7 +254,7 @@ def _main(argv: list[str] | None = None) -> int:
     args = _run_parser().parse_args(opts)
     if args.module is None and not rest:
         _run_parser().error("no script given")
-    from perfmon.launch import LaunchError, Target, TrainingProcess, check_target
+    from perfmon.monitor.launch import LaunchError, Target, TrainingProcess, check_target
     from perfmon.paths import default_run_dir
 
     target = Target(script=None if args.module else rest[0], module=args.module, args=rest if args.module else rest[1:])
@@ -278,10 +278,10 @@ def _main(argv: list[str] | None = None) -> int:
               "status on stderr (--headless says so explicitly)", file=sys.stderr)
         args.headless = True
     if args.headless:
-        from perfmon.headless import run_headless
+        from perfmon.monitor.headless import run_headless
 
         return run_headless(proc, args.interval, rules=rules)
-    from perfmon.monitor import run_dashboard
+    from perfmon.monitor.dashboard import run_dashboard
 
     return run_dashboard(proc, rules)
 

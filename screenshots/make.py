@@ -21,8 +21,8 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]
 
 from tui_fixtures import START, loaded, write_recording  # noqa: E402
 
-from perfmon.sources import ReplaySource  # noqa: E402
-from perfmon.state import RunState  # noqa: E402
+from perfmon.analysis.state import RunState  # noqa: E402
+from perfmon.monitor.sources import ReplaySource  # noqa: E402
 from perfmon.tui.app import PerfmonApp  # noqa: E402
 
 #: (name, terminal size, recording options, keys pressed before the picture)

@@ -120,7 +120,7 @@ def _device_text(gpus: list[dict], width: int = 120) -> str:
     from rich.style import Style
 
     from perfmon import protocol
-    from perfmon.state import RunState
+    from perfmon.analysis.state import RunState
     from perfmon.tui.widgets.device import DeviceInfo, DeviceView
 
     state = RunState()
@@ -227,7 +227,7 @@ def test_a_gpu_we_do_not_use_is_0_when_nvml_sees_our_pid_on_another(monkeypatch)
 
 def test_an_older_recordings_0_is_shown_as_na():
     from perfmon import protocol
-    from perfmon.state import LEGACY_PROC_MEM_REASON, RunState
+    from perfmon.analysis.state import LEGACY_PROC_MEM_REASON, RunState
 
     old = {k: v for k, v in h100_reading().items() if k != "proc_mem_reason"}
     old["proc_mem_bytes"] = 0

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from perfmon.launch import Target, TrainingProcess
-from perfmon.sources import LiveSource, wait_for_socket
+from perfmon.monitor.launch import Target, TrainingProcess
+from perfmon.monitor.sources import LiveSource, wait_for_socket
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "demos" / "train_mlp.py"

@@ -11,17 +11,21 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "perfmon"
 
-# module path prefix -> top-level packages it must never import
+# The layout shows the two processes: what runs inside the training job (agent/, collectors/, protocol,
+# paths, the public API) never imports what runs outside it (monitor/, analysis/, tui/).
+INSIDE_BANNED = {"textual", "rich", "perfmon.tui", "perfmon.monitor", "perfmon.analysis"}
+# module path prefix -> packages it must never import
 FORBIDDEN = {
-    # inside the training process: timing, recording, serving, commands; never the analysis
-    "agent": {"textual", "rich", "perfmon.tui", "perfmon.state", "perfmon.report", "perfmon.rules"},
-    "collectors": {"textual", "rich", "perfmon.tui", "perfmon.state", "perfmon.report", "perfmon.rules"},
-    "rules": {"textual", "torch"},
-    "state.py": {"textual", "torch"},
-    "protocol.py": {"textual", "torch"},
-    "sources.py": {"textual", "torch"},
-    "report.py": {"textual", "torch"},
-    "tui": {"torch"},
+    "agent": INSIDE_BANNED,
+    "collectors": INSIDE_BANNED,
+    "protocol.py": INSIDE_BANNED | {"torch"},
+    "paths.py": INSIDE_BANNED | {"torch"},
+    "_api.py": INSIDE_BANNED | {"torch"},
+    "auto.py": INSIDE_BANNED,
+    "__init__.py": INSIDE_BANNED,
+    "analysis": {"textual", "rich", "torch", "perfmon.tui", "perfmon.agent", "perfmon.collectors"},
+    "monitor": {"torch", "perfmon.agent", "perfmon.collectors"},
+    "tui": {"torch", "perfmon.agent", "perfmon.collectors"},
 }
 
 
@@ -76,7 +80,7 @@ def test_the_training_process_never_loads_the_analysis(tmp_path):
         "    m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()\n"
         "import atexit\n"
         "atexit.register(lambda: print(sorted(n for n in sys.modules if n in "
-        "('perfmon.state', 'perfmon.report', 'perfmon.rules', 'textual'))))\n")
+        "('perfmon.analysis.state', 'perfmon.analysis.report', 'perfmon.analysis.rules', 'textual'))))\n")
     env = dict(__import__("os").environ, PERFMON_RUN_DIR=str(tmp_path / "run"),
                PERFMON_RUNTIME_DIR=str(tmp_path / "rt"))
     out = subprocess.run([sys.executable, "-m", "perfmon.agent", str(script)], capture_output=True, text=True,

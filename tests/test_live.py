@@ -13,8 +13,8 @@ import pytest
 from perfmon import paths, protocol
 from perfmon.agent import server as server_mod
 from perfmon.agent.runtime import Agent
-from perfmon.sources import LiveSource, ReplaySource
-from perfmon.state import RunState
+from perfmon.analysis.state import RunState
+from perfmon.monitor.sources import LiveSource, ReplaySource
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perfmon import protocol
-from perfmon.report import build_summary, format_summary, status_line
-from perfmon.state import Histogram, RunState, TimeSeries
+from perfmon.analysis.report import build_summary, format_summary, status_line
+from perfmon.analysis.state import Histogram, RunState, TimeSeries
 
 
 def steps_msg(rows, seq):

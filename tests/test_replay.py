@@ -6,8 +6,8 @@ import threading
 import time
 
 from perfmon import protocol
-from perfmon.sources import PacedReplaySource
-from perfmon.state import RunState
+from perfmon.analysis.state import RunState
+from perfmon.monitor.sources import PacedReplaySource
 
 
 def recording(tmp_path, seconds=20):

@@ -15,9 +15,9 @@ import psutil
 import pytest
 
 from perfmon import protocol
-from perfmon.report import status_line
-from perfmon.sources import LiveSource
-from perfmon.state import RunState
+from perfmon.analysis.report import status_line
+from perfmon.analysis.state import RunState
+from perfmon.monitor.sources import LiveSource
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPS = ROOT / "demos" / "loops"

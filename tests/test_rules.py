@@ -6,8 +6,8 @@ import pytest
 from fake_nvml import GIB
 
 from perfmon import protocol
-from perfmon.rules import REGISTRY, Config, Engine, evaluate_once
-from perfmon.state import RunState
+from perfmon.analysis.rules import REGISTRY, Config, Engine, evaluate_once
+from perfmon.analysis.state import RunState
 
 FIELDS = list(protocol.STEP_FIELDS)
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from perfmon import discovery, paths
-from perfmon.launch import Target, TrainingProcess
+from perfmon import paths
+from perfmon.monitor import discovery
+from perfmon.monitor.launch import Target, TrainingProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 CONSOLE = Path(sys.executable).with_name("perfmon")

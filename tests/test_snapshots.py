@@ -12,9 +12,9 @@ from typing import Any
 
 from tui_fixtures import START, loaded, write_recording
 
-from perfmon.rules import Config
-from perfmon.sources import ReplaySource
-from perfmon.state import RunState
+from perfmon.analysis.rules import Config
+from perfmon.analysis.state import RunState
+from perfmon.monitor.sources import ReplaySource
 from perfmon.tui.app import PerfmonApp
 
 CLOCK = START + 150.0

@@ -22,8 +22,8 @@ from tui_fixtures import (
 )
 
 from perfmon import protocol
-from perfmon.sources import ReplaySource, Source
-from perfmon.state import RunState
+from perfmon.analysis.state import RunState
+from perfmon.monitor.sources import ReplaySource, Source
 from perfmon.tui.app import PerfmonApp
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.dialogs import HelpScreen, QuitScreen
@@ -34,7 +34,7 @@ PHASE_ROWS = ("data", "forward", "backward", "optimizer", "other", "step")
 
 
 class FakeProcess:
-    """Test double for perfmon.launch.TrainingProcess: records stop(); wait() blocks until end()."""
+    """Test double for perfmon.monitor.launch.TrainingProcess: records stop(); wait() blocks until end()."""
 
     def __init__(self, run_dir: Path) -> None:
         self.pid = PID

@@ -25,9 +25,9 @@ from tui_fixtures import (
 )
 
 from perfmon import protocol
-from perfmon.rules import Config, evaluate_once
-from perfmon.sources import RecordingReader, ReplaySource, Source
-from perfmon.state import RunState
+from perfmon.analysis.rules import Config, evaluate_once
+from perfmon.analysis.state import RunState
+from perfmon.monitor.sources import RecordingReader, ReplaySource, Source
 from perfmon.tui.app import NOT_CONNECTED, PerfmonApp
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.device import DevicePanel
@@ -559,8 +559,8 @@ async def test_help_lists_every_key(tmp_path: Path) -> None:
 # -- the real thing ----------------------------------------------------------------------------
 @pytest.mark.e2e
 async def test_end_to_end_profile_and_empty_cache(tmp_path: Path) -> None:
-    from perfmon.headless import connect
-    from perfmon.launch import Target, TrainingProcess
+    from perfmon.monitor.headless import connect
+    from perfmon.monitor.launch import Target, TrainingProcess
 
     proc = TrainingProcess(Target(script=str(ROOT / "demos" / "train_mlp.py"), module=None,
                                   args=["--steps", "100000"]), tmp_path / "run").start()

@@ -1,6 +1,6 @@
 """Summaries of a run: the report JSON (schema 1), the headless status line and summary table.
 
-Everything is computed from a :class:`~perfmon.state.RunState`, so a live run, a finished
+Everything is computed from a :class:`~perfmon.analysis.state.RunState`, so a live run, a finished
 recording and a partial one (a killed job) report the same way.
 """
 
@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perfmon.analysis.state import RunState
+from perfmon.monitor.sources import ReplaySource
 from perfmon.protocol import ALL_PHASES
-from perfmon.sources import ReplaySource
-from perfmon.state import RunState
 
 SCHEMA = 1
 _SHORT = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
@@ -63,7 +63,7 @@ NO_STEPS = ("no training steps seen: no DataLoader fetch, module call and optimi
 def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[str, Any]:
     """The stable report JSON; see README "Report JSON". ``findings`` default: the rules over the whole state."""
     if findings is None:
-        from perfmon.rules import evaluate_once
+        from perfmon.analysis.rules import evaluate_once
 
         findings = evaluate_once(state)
     phases = state.phase_stats(recent=False)
@@ -277,7 +277,7 @@ def report_main(run_dir: Path, as_json: bool, rules: Any = None, write: bool = F
     state = load_recording(run_dir)
     findings = None
     if rules is not None:
-        from perfmon.rules import evaluate_once
+        from perfmon.analysis.rules import evaluate_once
 
         findings = evaluate_once(state, rules)
     summary = build_summary(state, findings)

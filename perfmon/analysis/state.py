@@ -383,7 +383,7 @@ class RunState:
 
     def flops(self) -> dict[str, Any]:
         """FLOPs per step, achieved FLOP/s from the recent step time, and MFU where a peak is known."""
-        from perfmon.peaks import peak_tflops
+        from perfmon.analysis.peaks import peak_tflops
 
         per_step = (self.model or {}).get("flops_per_step")
         step_ms = self.phase_stats(recent=True)["step"]["mean_ms"]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 import threading
 
-from perfmon.headless import connect
-from perfmon.launch import TrainingProcess, exit_status, finalize_recording
-from perfmon.rules import Config
-from perfmon.state import RunState
+from perfmon.analysis.rules import Config
+from perfmon.analysis.state import RunState
+from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording
+from perfmon.monitor.sources import connect
 
 
 def _early_exit(proc: TrainingProcess) -> int:

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from perfmon.launch import TrainingProcess, exit_status, finalize_recording
-from perfmon.report import format_finding, format_summary, status_line
-from perfmon.rules import Config, Engine
-from perfmon.sources import LiveSource, ReplaySource, Source, wait_for_socket
-from perfmon.state import RunState
+from perfmon.analysis.report import format_finding, format_summary, status_line
+from perfmon.analysis.rules import Config, Engine
+from perfmon.analysis.state import RunState
+from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording
+from perfmon.monitor.sources import ReplaySource, Source, connect
 
 
 class LogTail:
@@ -60,18 +60,6 @@ def follow(source: Source, state: RunState, lock: threading.Lock) -> threading.T
     thread = threading.Thread(target=run, name="perfmon-follow", daemon=True)
     thread.start()
     return thread
-
-
-def connect(proc: TrainingProcess) -> Source:
-    """The live socket once the agent listens; the recording if the agent never does."""
-    if wait_for_socket(proc.socket_path, proc.alive):
-        source = LiveSource(proc.socket_path, proc.run_dir)
-        try:
-            source.connect()
-            return source
-        except OSError:
-            pass
-    return ReplaySource(proc.run_dir, follow=True)
 
 
 def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import paths, protocol
-from perfmon.state import RunState
+from perfmon.analysis.state import RunState
 
 
 class LaunchError(Exception):
@@ -215,7 +215,7 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
     if tail is None:
         return None
     written = tail[: tail.rfind(b"\n") + 1]  # a partial last line is not a record
-    from perfmon.report import build_summary, write_summary
+    from perfmon.analysis.report import build_summary, write_summary
 
     if not _ends_with_exit(written):
         assert state.exit is not None
@@ -231,7 +231,7 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
         except OSError:
             pass
     if not complete:
-        from perfmon.report import ReportError, load_recording
+        from perfmon.analysis.report import ReportError, load_recording
 
         try:
             state = load_recording(run_dir)
@@ -240,7 +240,7 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
         state.process_exited(returncode)
     findings = None
     if rules is not None:
-        from perfmon.rules import evaluate_once
+        from perfmon.analysis.rules import evaluate_once
 
         findings = evaluate_once(state, rules)
     summary = build_summary(state, findings)

@@ -14,9 +14,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfmon import protocol
+
+if TYPE_CHECKING:
+    from perfmon.monitor.launch import TrainingProcess
 
 
 class RecordingReader:
@@ -332,3 +335,15 @@ def wait_for_socket(path: Path, alive: Any, timeout: float = 60.0, poll: float =
             return False
         time.sleep(poll)
     return False
+
+
+def connect(proc: TrainingProcess) -> Source:
+    """The live socket once the agent listens; the recording if the agent never does."""
+    if wait_for_socket(proc.socket_path, proc.alive):
+        source = LiveSource(proc.socket_path, proc.run_dir)
+        try:
+            source.connect()
+            return source
+        except OSError:
+            pass
+    return ReplaySource(proc.run_dir, follow=True)

@@ -1,4 +1,4 @@
-"""The Textual dashboard: a view over a :class:`~perfmon.state.RunState` fed by a source.
+"""The Textual dashboard: a view over a :class:`~perfmon.analysis.state.RunState` fed by a source.
 
 Three thread workers feed it: the source pump (folds messages into the state under a lock and
 posts :class:`StateChanged` at most every ``COALESCE_S``), the process waiter and the output
@@ -30,9 +30,9 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer
 
-from perfmon.rules import Config, Engine, evaluate_once
-from perfmon.sources import PacedReplaySource, ReplaySource
-from perfmon.state import RunState
+from perfmon.analysis.rules import Config, Engine, evaluate_once
+from perfmon.analysis.state import RunState
+from perfmon.monitor.sources import PacedReplaySource, ReplaySource
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.device import DeviceInfo, DevicePanel
 from perfmon.tui.widgets.dialogs import DETACH, STOP, HelpScreen, QuitScreen
@@ -46,7 +46,7 @@ from perfmon.tui.widgets.phases import SPANS, PhaseInfo, PhasesPanel
 from perfmon.tui.widgets.views import VIEW_IDS, VIEWS, ViewBar, ViewBarInfo
 
 if TYPE_CHECKING:
-    from perfmon.sources import Source
+    from perfmon.monitor.sources import Source
 
 COALESCE_S = 0.5
 OUTPUT_S = 1.0  # new output lines at most this often: each write lays the screen out again
@@ -108,7 +108,7 @@ def _while_composed(method: Callable[..., None]) -> Callable[..., None]:
 
 
 class TrainingProcessLike(Protocol):
-    """What the app needs of :class:`perfmon.launch.TrainingProcess`."""
+    """What the app needs of :class:`perfmon.monitor.launch.TrainingProcess`."""
 
     pid: int
 

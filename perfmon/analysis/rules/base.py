@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from perfmon.analysis.state import RunState
 from perfmon.protocol import ALL_PHASES
-from perfmon.state import RunState
 
 SEVERITIES = ("info", "warn", "critical")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfmon.rules.base import Config, Facts, Finding, rule
+from perfmon.analysis.rules.base import Config, Facts, Finding, rule
 
 
 @rule("device-underused", "GPU busy < 50% of a profiler window, or NVML utilization < 90%, with data share <= 10%")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfmon.rules.base import REGISTRY, Config, Facts, Finding
-from perfmon.state import RunState
+from perfmon.analysis.rules.base import REGISTRY, Config, Facts, Finding
+from perfmon.analysis.state import RunState
 
 
 def _run_all(facts: Facts, cfg: Config) -> dict[str, Finding]:

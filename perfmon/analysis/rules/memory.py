@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfmon.rules.base import Config, Facts, Finding, rule
+from perfmon.analysis.rules.base import Config, Facts, Finding, rule
 
 GIB = 1 << 30
 

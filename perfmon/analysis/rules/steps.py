@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfmon.rules.base import Config, Facts, Finding, rule
+from perfmon.analysis.rules.base import Config, Facts, Finding, rule
 
 PHASE_ADVICE = {
     "data": "the input pipeline (see input-bound)",

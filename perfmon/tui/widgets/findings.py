@@ -69,7 +69,7 @@ class FindingsInfo:
 
     @classmethod
     def from_findings(cls, findings: Iterable[Any], evaluated: bool = True) -> FindingsInfo:
-        """From :class:`perfmon.rules.Finding` objects (already sorted, worst first)."""
+        """From :class:`perfmon.analysis.rules.Finding` objects (already sorted, worst first)."""
         rows = tuple(
             FindingRow(
                 id=f.id, severity=f.severity, title=f.title,

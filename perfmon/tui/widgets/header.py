@@ -13,8 +13,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
 
-from perfmon.rules import Config
-from perfmon.state import RunState
+from perfmon.analysis.rules import Config
+from perfmon.analysis.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.findings import FindingsInfo, badge
 from perfmon.tui.widgets.styled import StyledWidget

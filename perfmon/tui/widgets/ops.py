@@ -12,7 +12,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 
-from perfmon.state import RunState
+from perfmon.analysis.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.device import Num, number
 from perfmon.tui.widgets.styled import StyledWidget

@@ -11,9 +11,9 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
 
+from perfmon.analysis.report import NO_STEPS
+from perfmon.analysis.state import RunState
 from perfmon.protocol import ALL_PHASES
-from perfmon.report import NO_STEPS
-from perfmon.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.styled import StyledWidget
 
