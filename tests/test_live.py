@@ -198,9 +198,9 @@ def test_exit_waits_for_a_slow_publisher_and_loses_no_step(agent, monkeypatch):
     monkeypatch.setattr(runtime, "STEPS_PER_MESSAGE", 50)
     slow = agent._publish_steps
 
-    def crawling(records, outside):  # ~8 s for the whole backlog, longer than any old exit timeout
+    def crawling(records, outside, live_from):  # ~8 s for the whole backlog, longer than any old exit timeout
         _time.sleep(0.4)
-        slow(records, outside)
+        slow(records, outside, live_from)
 
     monkeypatch.setattr(agent, "_publish_steps", crawling)
     agent.emit(OPTIMIZER_CREATED)
@@ -230,3 +230,55 @@ def test_publish_re_entered_from_a_signal_handler_does_not_deadlock(agent):
 
     nested()  # with a plain Lock this never returns
     assert done.is_set()
+
+
+def test_a_fast_job_sends_monitors_a_bulk_summary_and_records_every_row(agent):
+    """Over LIVE_ROWS steps in one tick: the socket carries the newest rows and a bulk summary (counts and
+    sums exact, percentiles estimated), the recording every row; summary code reloads the recording."""
+    from perfmon.agent import runtime
+    from perfmon.agent.steps import BEGIN, BOUNDARY, END, OPTIMIZER_CREATED
+
+    source = LiveSource(paths.socket_path(os.getpid()), agent.run_dir)
+    source.connect()
+    got, done = [], threading.Event()
+    threading.Thread(target=collect, args=(source, got, done), daemon=True).start()
+    n = 3000
+    with agent._flush_lock:  # one flush sees the whole burst, as a tick does at ~30,000 steps/s
+        agent.events.append((OPTIMIZER_CREATED, 0.0, None, None))
+        t = 1.0
+        for i in range(n):
+            fwd, opt = 0.001 * (1 + i % 7), 0.0005 * (1 + i % 3)  # steps of varied length
+            if i:
+                agent.events.append((BOUNDARY, t, None, None))
+            for phase, ms in (("forward", fwd), ("backward", 0.002), ("optimizer", opt)):
+                agent.events.append((BEGIN, t, phase, None))
+                t += ms
+                agent.events.append((END, t, phase, None))
+            t += 0.0001
+    agent.finish({"code": 0})
+    assert done.wait(10)
+    live = RunState()
+    rows_sent = 0
+    for m in got:
+        live.apply(m)
+        rows_sent += len(m.get("rows", [])) if m.get("type") == "steps" else 0
+    recorded = RunState()
+    for m in ReplaySource(agent.run_dir).messages():
+        recorded.apply(m)
+    assert recorded.steps == live.steps == n and recorded.bulk_steps == 0
+    assert rows_sent <= runtime.LIVE_ROWS + 5 and live.bulk_steps == n - rows_sent
+    assert live.totals["step"].hist.n == recorded.totals["step"].hist.n == n
+    for p in ("forward", "backward", "optimizer", "other", "step"):
+        assert live.totals[p].total_ms == pytest.approx(recorded.totals[p].total_ms, rel=1e-6)
+    assert live.steps_per_s(recent=False) == pytest.approx(recorded.steps_per_s(recent=False), rel=1e-6)
+    assert live.steps_per_s(recent=True) == pytest.approx(recorded.steps_per_s(recent=True), rel=0.05)
+    p50, p95 = (live.totals["step"].hist.quantile(q) for q in (0.5, 0.95))
+    assert p50 == pytest.approx(recorded.totals["step"].hist.quantile(0.5), rel=0.15)
+    assert p95 == pytest.approx(recorded.totals["step"].hist.quantile(0.95), rel=0.15)
+    # the launcher's summary.json comes from the recording when the live view was estimated: exact percentiles
+    from perfmon.analysis.report import build_summary
+    from perfmon.monitor.launch import finalize_recording
+
+    summary = finalize_recording(agent.run_dir, live, 0)
+    assert summary is not None and summary["steps"] == n
+    assert summary["step_ms"] == build_summary(recorded)["step_ms"]

@@ -399,3 +399,33 @@ def test_single_optimizer_steps_end_at_the_update_once_the_loop_is_known():
             bounds.begin(phase, key)
             at_end.append(bounds.end(phase, key))
     assert at_end[3::4] == [False, True, True, True]  # the first waits for the next fetch to learn the loop
+
+
+def test_end_boundary_is_end_then_boundary():
+    """The hooks send one END_BOUNDARY event where a phase's end also ends the step."""
+    from perfmon.agent.steps import END_BOUNDARY
+
+    def events(merged: bool) -> list[tuple[int, float, object]]:
+        out: list[tuple[int, float, object]] = [(OPTIMIZER_CREATED, 0.0, None)]
+        t = 0.0
+        for _ in range(3):
+            for phase, ms in (("forward", 2), ("backward", 3), ("optimizer", 1)):
+                out.append((BEGIN, t, phase))
+                t += ms / 1000
+                arg = ("optimizer", "opt") if phase == "optimizer" else phase
+                if phase == "optimizer" and merged:
+                    out.append((END_BOUNDARY, t, arg))
+                else:
+                    out.append((END, t, arg))
+                    if phase == "optimizer":
+                        out.append((BOUNDARY, t, None))
+            t += 0.5 / 1000
+        return out
+
+    def records(evs):
+        tracker = StepTracker()
+        return [(r.index, r.start, r.end, r.phases) for e in evs if (r := tracker.feed(*e)) is not None]
+
+    merged = records(events(True))
+    assert len(merged) == 3 and merged == records(events(False))
+    assert merged[1][3]["backward"] == pytest.approx(0.003)

@@ -20,6 +20,7 @@ import functools
 import gc
 import weakref
 from collections.abc import Callable, Iterator
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from perfmon.agent.steps import (
     CHECKPOINT,
     COPY,
     END,
+    END_BOUNDARY,
     GRAD,
     NOGRAD,
     OPTIMIZER_CREATED,
@@ -78,6 +80,7 @@ class Instrumentation:
     def __init__(self, emit: Emit, on_error: Callable[[str, BaseException], None],
                  boundary: Callable[[], None] = lambda: None) -> None:
         self._emit = emit
+        self.fast: Callable[[tuple[int, float, Any, Any]], None] | None = None
         self._boundary = boundary
         self._on_error = on_error
         self._undo: list[Callable[[], None]] = []
@@ -94,9 +97,13 @@ class Instrumentation:
         self._root_refs: dict[int, weakref.ref[torch.nn.Module]] = {}
         self._roots: list[weakref.ref[torch.nn.Module]] = []
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._optimizer_ids: set[int] = set()  # ids of ``optimizers``: the step hook's cheap "seen it" test
         self.loaders: dict[int, dict[str, Any]] = {}
 
     # -- the one path every hook takes -------------------------------------------------------
+    # Kept lean: every training step passes here a few times. ``fast`` is the event buffer's append while
+    # host timing is all there is to record (the agent clears it for CUDA marks, at exit and in forked
+    # workers; then ``emit`` decides).
     def begin(self, phase: str, arg: Any = None, key: Any = None) -> None:
         """A phase begins on the training thread (commits the previous step if it is over)."""
         try:
@@ -105,24 +112,48 @@ class Instrumentation:
                 bounds.depth += 1  # nested, or no step waiting to end: nothing to decide (the common case)
             elif bounds.begin(phase, key):
                 self._commit()
-            self._emit(BEGIN, phase if arg is None else arg)
+            fast = self.fast
+            if fast is not None:
+                fast((BEGIN, perf_counter(), phase if arg is None else arg, None))
+            else:
+                self._emit(BEGIN, phase if arg is None else arg)
         except Exception as exc:  # noqa: BLE001 - never into training
             self._on_error("hooks", exc)
 
     def end(self, phase: str, arg: Any = None, key: Any = None) -> None:
         try:
-            self._emit(END, phase if arg is None else arg)
             bounds = self.bounds
-            if bounds.depth > 1:
-                bounds.depth -= 1  # a nested phase ended: only the outermost can end a step
-            elif bounds.end(phase, key):
-                self._commit()
+            depth = bounds.depth
+            if depth > 1:
+                bounds.depth = depth - 1  # a nested phase ended: only the outermost can end a step
+                commit = False
+            elif depth == 1 and phase != "optimizer" and (phase != "backward" or bounds.optimizers_seen):
+                bounds.depth = 0  # a forward, fetch or accumulation backward: no step ends here
+                commit = False
+            else:
+                commit = bounds.end(phase, key)
+            code = END_BOUNDARY if commit else END
+            fast = self.fast
+            if fast is not None:
+                fast((code, perf_counter(), phase if arg is None else arg, None))
+            else:
+                self._emit(code, phase if arg is None else arg)
+            if commit:
+                self._committed()
         except Exception as exc:  # noqa: BLE001
             self._on_error("hooks", exc)
 
     def _commit(self) -> None:
         """A step is over: tell the tracker, end discovery after the first, run pending commands."""
-        self._emit(BOUNDARY, None)
+        fast = self.fast
+        if fast is not None:
+            fast((BOUNDARY, perf_counter(), None, None))
+        else:
+            self._emit(BOUNDARY, None)
+        self._committed()
+
+    def _committed(self) -> None:
+        """After a step boundary was recorded: end discovery after the first step, run pending commands."""
         if self._discovering:
             self.finish_discovery()
         self._boundary()
@@ -130,6 +161,7 @@ class Instrumentation:
     def explicit_step(self) -> None:
         """The script called ``perfmon.step()``: from now on only its calls end steps."""
         self.bounds.explicit = True
+        self.bounds.single = None
         if self._discovering:
             self.finish_discovery()
 
@@ -219,9 +251,13 @@ class Instrumentation:
     def _hook_optimizer(self) -> None:
         from torch.optim import optimizer as optim_mod
 
+        known = self._optimizer_ids
+
         def pre_hook(opt: Any, args: Any, kwargs: Any) -> None:
-            self._note_optimizer(opt)
-            self.begin("optimizer", key=id(opt))
+            key = id(opt)
+            if key not in known:
+                self._note_optimizer(opt)
+            self.begin("optimizer", key=key)
 
         def post_hook(opt: Any, args: Any, kwargs: Any) -> None:
             self.end("optimizer", ("optimizer", id(opt)), id(opt))
@@ -245,6 +281,9 @@ class Instrumentation:
             return
         try:
             self.optimizers.add(opt)
+            key = id(opt)
+            self._optimizer_ids.add(key)
+            weakref.finalize(opt, self._optimizer_ids.discard, key)  # an id is reused once its optimizer dies
         except TypeError:
             pass
         if not self.bounds.optimizers_seen:  # from now on a backward does not end a step

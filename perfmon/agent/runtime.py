@@ -8,6 +8,7 @@ attached monitor. Nothing here raises into training: errors are counted and repo
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import starmap
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,10 @@ from perfmon.agent.steps import BEGIN, END, STEP, StepRecord, StepTracker
 EVENT_BUFFER = 500_000
 #: Rows per ``steps`` message: keeps every line far below protocol.MAX_LINE.
 STEPS_PER_MESSAGE = 2000
+#: Most step rows one flush (a tick) sends to the monitors; the recording always has every row. Beyond
+#: this (over ~1,000 steps/s) the rows before the newest LIVE_ROWS reach monitors as one ``bulk`` summary
+#: (count, sums, max), so a monitor's cost stays flat however fast the job steps.
+LIVE_ROWS = 100
 #: At exit, the publisher may take as long as its backlog needs; it is abandoned only after this many
 #: seconds without any progress (a hung disk), so a loaded machine never loses steps to a timer.
 STALL_S = 20.0
@@ -61,12 +67,28 @@ class Agent:
         self._warned_recording = False
         self.recorder = Recorder(run_dir)
         self.server: Server | None = None
-        self.instrumentation: Any = None
+        self._instrumentation: Any = None
         self._cuda_event: Callable[[], Any] | None = None
         self.pid = os.getpid()
         self.sample_interval = sample_interval
         self.sampler: Any = None
         self.commands: Any = None
+
+    @property
+    def instrumentation(self) -> Any:
+        """The torch hooks (``hooks.Instrumentation``), once torch is imported."""
+        return self._instrumentation
+
+    @instrumentation.setter
+    def instrumentation(self, inst: Any) -> None:
+        self._instrumentation = inst
+        self._sync_fast_path()
+
+    def _sync_fast_path(self) -> None:
+        """Let the hooks append host-timed events straight to the buffer while that is all there is to do."""
+        inst = self._instrumentation
+        if inst is not None:
+            inst.fast = self.events.append if self.enabled and not self.cuda_marks else None
 
     # -- hot path ------------------------------------------------------------------------
     def emit(self, code: int, arg: Any = None) -> None:
@@ -78,6 +100,7 @@ class Agent:
                     mark = self._cuda_event()  # None while a stream captures a CUDA graph
                 except Exception as exc:  # noqa: BLE001 - never into training; host times go on
                     self.cuda_marks = False
+                    self._sync_fast_path()
                     self.record_error("cuda events", exc)
             self.events.append((code, time.perf_counter(), arg, mark))
 
@@ -139,12 +162,14 @@ class Agent:
         # DataLoader workers forked from the trainer inherit the patches; they must stay silent.
         self.enabled = False
         self.events = deque(maxlen=1)
+        self._sync_fast_path()
 
     def finish(self, exit_info: dict[str, Any]) -> None:
         """Flush everything, record the exit, write summary.json, close the socket."""
         if self.commands is not None:
             self.commands.finish()
         self.enabled = False
+        self._sync_fast_path()
         self._stop.set()
         if self.sampler is not None:
             self.sampler.stop()
@@ -216,6 +241,19 @@ class Agent:
             self.recorder.write(data)
             if self.server is not None:
                 self.server.broadcast(data)
+        self._report_recording_error()
+
+    def publish_text(self, body: str, live: str | None = None) -> None:
+        """Like :meth:`publish` for a message already encoded as a JSON object (without ``seq``); the
+        monitors get ``live`` instead when given (the same message, with fewer rows)."""
+        with self._lock:
+            self._seq += 1
+            head = f'{{"seq":{self._seq},'
+            data = (head + body[1:] + "\n").encode()
+            self.recorder.write(data)
+            server = self.server
+            if server is not None and server.client_count:
+                server.broadcast(data if live is None else (head + live[1:] + "\n").encode())
         self._report_recording_error()
 
     def _greeting(self) -> bytes:
@@ -296,54 +334,65 @@ class Agent:
             if torch.cuda.is_initialized():
                 self._cuda_event = self.cuda.make_event
                 self.cuda_marks = True
+                self._sync_fast_path()
         except Exception as exc:  # noqa: BLE001
             self.record_error("cuda", exc)
             self._cuda_event = lambda: None
 
     def _flush(self, final: bool = False) -> None:
-        records: list[StepRecord] = []
         events = self.events
-        feed = self.tracker.feed
-        while events:
-            code, t, arg, mark = events.popleft()
-            rec = feed(code, t, arg, mark)
-            if rec is not None:
-                records.append(rec)
+        popleft = events.popleft
+        batch = [popleft() for _ in range(len(events))]  # only what is there now: the training thread appends
+        records: list[StepRecord] = [rec for rec in starmap(self.tracker.feed, batch) if rec is not None]
         if final:
             last = self.tracker.finish()
             if last is not None:
                 records.append(last)
         ready = self.cuda.resolve(records, final=final)
         outside = {f"{k}_ms": _ms(v) for k, v in self.tracker.drain_outside().items()}
-        # bounded lines: a backlog (a slow tick, 10k steps/s) goes out as several messages
+        share = LIVE_ROWS / len(ready) if len(ready) > LIVE_ROWS else 1.0
+        # bounded lines: a backlog (a slow tick, 10k steps/s) goes out as several messages; each keeps its
+        # share of the LIVE_ROWS rows the monitors get, so every message they see has rows to weigh its bulk by
         for i in range(0, len(ready), STEPS_PER_MESSAGE):
-            self._publish_steps(ready[i : i + STEPS_PER_MESSAGE], outside)
+            chunk = ready[i : i + STEPS_PER_MESSAGE]
+            self._publish_steps(chunk, outside, len(chunk) - max(1, math.ceil(len(chunk) * share)))
             outside = {}
         if outside:  # evaluation or a checkpoint with no step after it (yet)
-            self._publish_steps([], outside)
+            self._publish_steps([], outside, 0)
 
     def _publish_steps(self, records: list[tuple[StepRecord, dict[str, float] | None]],
-                       outside: dict[str, float]) -> None:
+                       outside: dict[str, float], live_from: int) -> None:
+        """One ``steps`` message, formatted row by row with C-level ``%`` (the agent's hot loop at high step
+        rates); monitors get the rows from ``live_from`` on and a ``bulk`` summary of the ones before."""
         off = self._clock_offset
         with_dev = any(dev for _, dev in records)
         with_closures = any(rec.closures for rec, _ in records)
         fields = list(protocol.STEP_FIELDS) + (["closures"] if with_closures else []) + (
             ["dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"] if with_dev else [])
-        rows = []
-        for rec, dev in records:
+        vals = []
+        for rec, _ in records:
             ph = rec.phases
-            row = [
-                rec.index, round(rec.end + off, 6), _ms(rec.duration), _ms(ph["data"]), _ms(ph["forward"]),
-                _ms(ph["backward"]), _ms(ph["optimizer"]), _ms(rec.other), rec.samples,
-            ]
-            if with_closures:
-                row.append(rec.closures)
-            if with_dev:
-                dev = dev or {}
-                row += [dev.get("forward"), dev.get("backward"), dev.get("optimizer")]
-            rows.append(row)
-        extra = {"outside": outside} if outside else {}
-        self.publish(protocol.message("steps", fields=fields, rows=rows, **extra))
+            dur = rec.end - rec.start
+            d, f, b, o = ph["data"], ph["forward"], ph["backward"], ph["optimizer"]
+            other = dur - d - f - b - o
+            vals.append((rec.index, rec.end + off, dur * 1e3, d * 1e3, f * 1e3, b * 1e3, o * 1e3,
+                         other * 1e3 if other > 0.0 else 0.0, rec.samples or 0))
+        row = _ROW + (",%d" if with_closures else "") + ("%s" if with_dev else "") + "]"
+        extras = [(rec.closures,) if with_closures else () for rec, _ in records]
+        if with_dev:
+            extras = [e + (_dev_text(dev),) for e, (_, dev) in zip(extras, records, strict=True)]
+        texts = [row % (v + e) for v, e in zip(vals, extras, strict=True)] if (with_dev or with_closures) else \
+            [row % v for v in vals]
+        head = f'{{"v":{protocol.VERSION},"type":"steps","fields":{json.dumps(fields, separators=(",", ":"))}'
+        tail = (',"outside":' + json.dumps(outside, separators=(",", ":")) if outside else "") + "}"
+        body = head + ',"rows":[' + ",".join(texts) + "]" + tail
+        live = None
+        if live_from > 0:  # a fast job: the newest rows, and what came before them in one summary
+            cut = min(live_from, len(vals))
+            live = (head + ',"rows":[' + ",".join(texts[cut:]) + "]" + ',"bulk":'
+                    + json.dumps(_bulk(vals[:cut], [e[0] for e in extras[:cut]] if with_closures else None),
+                                 separators=(",", ":")) + tail)
+        self.publish_text(body, live)
 
     # -- discovery ---------------------------------------------------------------------------
     def _refresh_discovery(self) -> None:
@@ -376,3 +425,33 @@ class Agent:
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 4)
+
+
+#: A step row without its optional columns: protocol.STEP_FIELDS, times in ms to 0.1 us.
+_ROW = "[%d,%.6f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%d"
+
+
+def _dev_text(dev: dict[str, float] | None) -> str:
+    """The three device-time columns (ms, or null where a phase had no CUDA timing)."""
+    dev = dev or {}
+    return "".join("," + ("null" if (v := dev.get(p)) is None else f"{v:.4f}") for p in ("forward", "backward",
+                                                                                        "optimizer"))
+
+
+def _bulk(vals: list[tuple], closures: list[int] | None) -> dict[str, Any]:
+    """What a monitor needs of rows it is not sent: count, index range, sums and max (ms), samples."""
+    cols = list(zip(*vals, strict=True))
+    samples = cols[8]
+    out: dict[str, Any] = {
+        "n": len(vals), "first_i": cols[0][0], "last_i": cols[0][-1], "first_start": round(cols[1][0] - cols[2][0] / 1e3, 6),
+        "last_t": round(cols[1][-1], 6), "max_ms": round(max(cols[2]), 4),
+        "sum_ms": {name: round(sum(cols[k]), 4) for name, k in _BULK_COLUMNS},
+        "samples": sum(samples), "samples_steps": len(samples) - samples.count(0),
+    }
+    if closures is not None:
+        out["closures"] = sum(closures)
+        out["closure_steps"] = len(closures)
+    return out
+
+
+_BULK_COLUMNS = (("dur", 2), ("data", 3), ("forward", 4), ("backward", 5), ("optimizer", 6), ("other", 7))

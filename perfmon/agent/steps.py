@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfmon.protocol import OUTSIDE_KINDS
+from perfmon.protocol import OUTSIDE_KINDS, PHASES
 
 # Event codes (small ints keep the hot path cheap).
 BEGIN = 0  # arg: phase name, or ("forward", module key, kind) from the forward hooks
@@ -40,11 +40,11 @@ END = 1  # arg: phase name, ("data", samples) or ("optimizer", optimizer key)
 STEP = 2  # explicit perfmon.step()
 OPTIMIZER_CREATED = 3  # an optimizer exists: a backward does not end a step (gradient accumulation)
 BOUNDARY = 5  # the hooks committed a step boundary (Boundaries said so)
+END_BOUNDARY = 6  # END, then BOUNDARY: a phase ended and with it the step (one event, not two)
 
 #: Forward kinds in a ("forward", key, kind) BEGIN arg.
 GRAD, NOGRAD, COPY = 0, 1, 2
 
-PHASES = ("data", "forward", "backward", "optimizer")
 CHECKPOINT = "checkpoint"  # torch.save: not a step phase; marks time outside steps
 OUTSIDE = OUTSIDE_KINDS  # evaluation, checkpoint, other
 
@@ -55,7 +55,8 @@ class Boundaries:
     ``begin`` returns True when the previous step is over, before the phase starts.
     """
 
-    __slots__ = ("depth", "pending", "stepped", "cycle", "optimizers_seen", "explicit", "loader_loop", "keys")
+    __slots__ = ("depth", "pending", "stepped", "cycle", "optimizers_seen", "explicit", "loader_loop", "keys",
+                 "single")
 
     # optimizers_seen: an optimizer exists or has stepped; until then a backward ends a step
 
@@ -68,6 +69,7 @@ class Boundaries:
         self.explicit = False
         self.loader_loop = False  # iterations begin with a DataLoader fetch
         self.keys: set[Any] = set()  # every optimizer that ever stepped
+        self.single: Any = None  # the loop's one optimizer, once learned: its step ends the step (fast path)
 
     def begin(self, phase: str, key: Any = None) -> bool:
         """``key``: the optimizer for an optimizer phase, the forward kind (GRAD, NOGRAD, COPY) for a forward."""
@@ -93,6 +95,9 @@ class Boundaries:
 
     def end(self, phase: str, key: Any = None) -> bool:
         """Returns True when the step is certainly over already (a loop with a single optimizer)."""
+        if key is not None and key == self.single and self.depth == 1 and phase == "optimizer":
+            self.depth = 0
+            return True  # what the general case below decides for it, without the set arithmetic
         if self.depth:
             self.depth -= 1
         if self.depth == 0:
@@ -107,7 +112,9 @@ class Boundaries:
                         and self.stepped >= self.cycle):
                     self.stepped = set()
                     self.pending = False
+                    self.single = key if self.cycle == {key} else None
                     return True
+                self.single = None
             elif phase == "backward" and not self.optimizers_seen:
                 self.pending = True
         return False
@@ -194,17 +201,62 @@ class StepTracker:
 
     # -- public -----------------------------------------------------------------------------
     def feed(self, code: int, t: float, arg: Any = None, mark: Any = None) -> StepRecord | None:
-        """Apply one event; return the step it completed, if any."""
+        """Apply one event; return the step it completed, if any.
+
+        The agent's hot loop (several events per step at any step rate): the common cases, a phase
+        beginning or ending with a step under way, are handled inline.
+        """
         self._last_t = t
         if code == BEGIN:
-            self._begin(arg, t, mark)
-        elif code == END:
-            self._end(arg, t, mark)
-        elif code == BOUNDARY:
+            if type(arg) is tuple:
+                phase, key, kind = arg
+                if kind == GRAD and key is not None:
+                    self._trained.add(key)
+            else:
+                phase, key, kind = arg, None, GRAD
+            stack = self._stack
+            if stack:
+                top = stack[-1][0]
+                if top in PHASES and (self._training or self.explicit):
+                    part = self._part
+                    if part is None:
+                        part = self._part = _Part(t, None)
+                    part.acc[top] += t - self._since
+                    if phase == "backward" and top == "optimizer":
+                        part.closures += 1  # one backward per closure, however many modules it calls
+                elif phase == "backward" and top == "optimizer":
+                    self._current(t, mark).closures += 1
+            else:
+                part = self._part
+                if part is None:
+                    part = self._part = _Part(t, mark)
+                if not (self._training or self.explicit):
+                    if phase == "backward" or phase == "optimizer" or (phase == "forward" and kind == GRAD):
+                        self._start_training(t, part)
+                    else:
+                        self._segments.append(_Segment(phase, key, kind == COPY, t, mark))
+            stack.append((phase, mark))
+            self._since = t
+            return None
+        if code == END or code == END_BOUNDARY:
+            stack = self._stack
+            if not stack:  # unbalanced end (an exception skipped a begin): ignore
+                return self._commit() if code == END_BOUNDARY else None
+            phase, begin_mark = stack.pop()
+            part = self._part
+            if phase in PHASES and (self._training or self.explicit):
+                if part is None:
+                    part = self._part = _Part(t, None)
+                part.acc[phase] += t - self._since
+            self._since = t
+            if not stack and part is not None:
+                self._ended(phase, begin_mark, part, arg, t, mark)
+            return self._commit() if code == END_BOUNDARY else None
+        if code == BOUNDARY:
             return self._commit()
-        elif code == STEP:
+        if code == STEP:
             return self._explicit_step(t, mark)
-        elif code == OPTIMIZER_CREATED:
+        if code == OPTIMIZER_CREATED:
             self._optimizers_seen = True
         return None
 
@@ -225,43 +277,14 @@ class StepTracker:
         return out
 
     # -- phases -------------------------------------------------------------------------------
-    def _begin(self, arg: Any, t: float, mark: Any) -> None:
-        if type(arg) is tuple:
-            phase, key, kind = arg
-        else:
-            phase, key, kind = arg, None, GRAD
-        if phase == "forward" and kind == GRAD and key is not None:
-            self._trained.add(key)
-        stack = self._stack
-        if stack:
-            self._charge(t)
-            if phase == "backward" and stack[-1][0] == "optimizer":
-                self._current(t, mark).closures += 1  # one backward per closure, however many modules it calls
-        else:
-            part = self._current(t, mark)
-            if not (self._training or self.explicit):
-                if phase in ("backward", "optimizer") or (phase == "forward" and kind == GRAD):
-                    self._start_training(t, part)
-                else:
-                    self._segments.append(_Segment(phase, key, kind == COPY, t, mark))
-        stack.append((phase, mark))
-        self._since = t
-
-    def _end(self, arg: Any, t: float, mark: Any) -> None:
-        if not self._stack:
-            return  # unbalanced end (an exception skipped a begin): ignore
-        self._charge(t)
-        phase, begin_mark = self._stack.pop()
-        self._since = t
-        if self._stack or self._part is None:
-            return
+    def _ended(self, phase: str, begin_mark: Any, part: _Part, arg: Any, t: float, mark: Any) -> None:
+        """A top-level phase ended."""
         samples = arg[1] if phase == "data" and type(arg) is tuple and arg[1] else 0
         if not (self._training or self.explicit):
             if self._segments:
                 seg = self._segments[-1]
                 seg.end, seg.end_mark, seg.samples = t, mark, seg.samples + samples
             return
-        part = self._part
         if mark is not None and begin_mark is not None and phase in part.acc:
             part.marks.setdefault(phase, []).append((begin_mark, mark))
         part.samples += samples
@@ -280,12 +303,6 @@ class StepTracker:
             self._done.absorb(part)
         self._part = _Part(t, mark)
 
-    def _charge(self, t: float) -> None:
-        """Charge the time since the innermost phase last resumed to it (self time)."""
-        phase = self._stack[-1][0]
-        if phase in PHASES and (self._training or self.explicit):
-            self._current(t, None).acc[phase] += t - self._since
-
     # -- boundaries ----------------------------------------------------------------------------
     def _current(self, t: float, mark: Any) -> _Part:
         if self._part is None:
@@ -295,6 +312,9 @@ class StepTracker:
     def _start_training(self, t: float, part: _Part) -> None:
         """Training work began: decide where this step started and what before it was outside."""
         segs = self._segments
+        if not segs:  # nothing before the training work (the common case): the step began with it
+            self._training = True
+            return
         trained = self._trained
         last_eval = max((i for i, s in enumerate(segs)
                          if s.kind == "forward" and (s.copy or s.key in trained)), default=-1)
@@ -336,7 +356,8 @@ class StepTracker:
             return None
         self._done = None
         part = self._part
-        if part is None or not any(part.acc[p] for p in ("forward", "backward", "optimizer")):
+        acc = part.acc if part is not None else None
+        if acc is None or not (acc["forward"] or acc["backward"] or acc["optimizer"]):
             self._training = False  # the next iteration starts undecided: evaluation may come first
         return self._record(done)
 
@@ -361,8 +382,7 @@ class StepTracker:
 
     def _record(self, part: _Part) -> StepRecord:
         self.count += 1
-        marks = dict(part.marks)
+        marks = part.marks  # the part is done with: its dicts become the record's
         if part.end_mark is not None and part.start_mark is not None:
             marks["step"] = [(part.start_mark, part.end_mark)]
-        return StepRecord(self.count, part.start, part.end, dict(part.acc), part.samples or None, marks,
-                          part.closures)
+        return StepRecord(self.count, part.start, part.end, part.acc, part.samples or None, marks, part.closures)

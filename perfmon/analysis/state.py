@@ -24,37 +24,45 @@ SERIES = ("cpu", "rss", "gpu_util", "gpu_mem", "cuda_alloc", "workers_cpu")
 
 
 class Histogram:
-    """Log-spaced buckets (2% wide): quantiles within ~1% over any number of values."""
+    """Log-spaced buckets (2% wide): quantiles within ~1% over any number of values.
+
+    ``n`` counts values exactly; bucket counts may be weighted (a fast job's live stream sends the newest
+    rows of each tick, each standing for the rows it summarises in bulk), so quantiles use ``weight``.
+    """
 
     RATIO = 1.02
 
     def __init__(self) -> None:
-        self.counts: dict[int, int] = {}
+        self.counts: dict[int, float] = {}
         self.n = 0
-        self.zeros = 0
+        self.weight = 0.0
+        self.zeros = 0.0
 
     def add(self, x: float) -> None:
         self.n += 1
+        self.weight += 1.0
         if x <= 1e-6:
             self.zeros += 1
             return
         k = math.floor(math.log(x) * _INV_LOG_RATIO)
         self.counts[k] = self.counts.get(k, 0) + 1
 
-    def add_many(self, values: list[float]) -> None:
-        """``add`` for each value, in one pass (the monitor folds thousands of steps per message)."""
+    def add_many(self, values: list[float], weight: float = 1.0, extra: int = 0) -> None:
+        """``add`` for each value, in one pass (the monitor folds thousands of steps per message); each
+        counts ``weight`` times in the quantiles, and ``extra`` values summarised elsewhere count in ``n``."""
         log, floor, inv = math.log, math.floor, _INV_LOG_RATIO
         keys = [floor(log(x) * inv) for x in values if x > 1e-6]
-        self.n += len(values)
-        self.zeros += len(values) - len(keys)
+        self.n += len(values) + extra
+        self.weight += len(values) * weight
+        self.zeros += (len(values) - len(keys)) * weight
         counts = self.counts
         for k, c in Counter(keys).items():
-            counts[k] = counts.get(k, 0) + c
+            counts[k] = counts.get(k, 0) + c * weight
 
     def quantile(self, q: float) -> float | None:
-        if not self.n:
+        if not self.n or self.weight <= 0:
             return None
-        rank = q * (self.n - 1)
+        rank = q * (self.weight - 1) if self.weight >= 1 else 0.0
         seen = self.zeros
         if rank < seen:
             return 0.0
@@ -166,6 +174,9 @@ class RunState:
         self.outside_ms: dict[str, float] = dict.fromkeys(OUTSIDE_KINDS, 0.0)
         self.closures_total = 0  # closure evaluations (forwards inside optimizer.step), all steps
         self.closure_steps = 0  # steps that reported closures
+        #: steps a fast job's live stream summarised (``bulk``): counted and summed exactly, their percentiles
+        #: estimated from the rows sent beside them; the recording has every row
+        self.bulk_steps = 0
         self.windowed_steps = 0  # steps inside profiler / FLOP-counter windows: left out of the phase statistics
         self.first_start: float | None = None
         self.last_end: float | None = None
@@ -294,10 +305,12 @@ class RunState:
                 series_add(t, dur)
                 done += 1
         finally:  # the rows before a bad one count, as they did one by one
+            bulk = self._bulk(msg.get("bulk"), done, columns[-1])
+            weight = 1.0 + bulk / len(columns[-1]) if bulk else 1.0
             for name, column in zip((*ALL_PHASES, "step"), columns, strict=True):
                 tot = self.totals[name]
                 tot.total_ms += sum(column)
-                tot.hist.add_many(column)
+                tot.hist.add_many(column, weight, bulk)
             first = max(0, done - (self.recent.maxlen or done))
             for row, inside in zip(good[first:done], windowed[first:done], strict=True):
                 index, t, dur, values, other, samples = read(row)
@@ -305,6 +318,30 @@ class RunState:
                     "i": index, "t": t, "dur": dur, **dict(zip(PHASES, values, strict=True)), "other": other,
                     "samples": samples, "windowed": inside,
                 })
+
+    def _bulk(self, bulk: Any, done: int, kept: list[float]) -> int:
+        """Fold a ``bulk`` summary (rows of a fast job not sent live); the count it adds to the histograms."""
+        if not isinstance(bulk, dict) or done == 0 or not kept:
+            return 0  # a message cut short by a bad row, or all of its rows in a profiler window: left out
+        n, sums = bulk.get("n"), bulk.get("sum_ms")
+        if not isinstance(n, int) or n <= 0 or not isinstance(sums, dict):
+            return 0
+        for name, key in ((*zip(ALL_PHASES, ALL_PHASES, strict=True), ("step", "dur"))):
+            value = sums.get(key)
+            if isinstance(value, int | float):
+                self.totals[name].total_ms += float(value)
+        for key, attr in (("samples", "samples_total"), ("samples_steps", "samples_steps"),
+                          ("closures", "closures_total"), ("closure_steps", "closure_steps")):
+            value = bulk.get(key)
+            if isinstance(value, int) and value > 0:
+                setattr(self, attr, getattr(self, attr) + value)
+        last, start = bulk.get("last_i"), bulk.get("first_start")
+        if isinstance(last, int) and last > self.steps:
+            self.steps = last
+        if isinstance(start, int | float) and (self.first_start is None or start < self.first_start):
+            self.first_start = float(start)
+        self.bulk_steps += n
+        return n
 
     def _peak(self, key: str, value: Any) -> None:
         if isinstance(value, int | float):
@@ -508,7 +545,8 @@ class RunState:
                 return None
             first, last = self.recent[0], self.recent[-1]
             span = last["t"] - (first["t"] - first["dur"] / 1000.0)
-            return len(self.recent) / span if span > 0 else None
+            # by index, not by row count: a fast job's live stream sends only the newest rows of each tick
+            return (last["i"] - first["i"] + 1) / span if span > 0 else None
         if not self.steps or self.first_start is None or self.last_end is None:
             return None
         span = self.last_end - self.first_start
@@ -524,8 +562,8 @@ class RunState:
             rows = [s for s in self.recent if s["samples"]]
             if len(rows) < 2 or len(rows) < len(self.recent) // 2:
                 return None
-            span = rows[-1]["t"] - (rows[0]["t"] - rows[0]["dur"] / 1000.0)
-            return sum(s["samples"] for s in rows) / span if span > 0 else None
+            rate = self.steps_per_s(recent=True)
+            return None if rate is None else rate * sum(s["samples"] for s in self.recent) / len(self.recent)
         sps = self.steps_per_s(recent=False)
         if not self.samples_steps or sps is None:
             return None
