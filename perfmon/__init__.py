@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from perfmon import _api
+from perfmon import _api, protocol
 
 __version__ = "0.1.0"
 __all__ = ["step", "phase", "instrument", "__version__"]
 
-_PHASES = frozenset({"data", "forward", "backward", "optimizer"})
+_PHASES = frozenset(protocol.PHASES)
 
 
 def step() -> None:

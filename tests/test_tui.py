@@ -26,11 +26,12 @@ from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import ReplaySource, Source
 from perfmon.tui.app import PerfmonApp
 from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.charts import SPANS
 from perfmon.tui.widgets.dialogs import HelpScreen, QuitScreen
 from perfmon.tui.widgets.logpanel import LogPanel, OutputTail, clean_line, last_frame
-from perfmon.tui.widgets.phases import SPANS, PhasesPanel
+from perfmon.tui.widgets.phases import PhasesPanel
 
-PHASE_ROWS = ("data", "forward", "backward", "optimizer", "other", "step")
+PHASE_ROWS = (*protocol.ALL_PHASES, "step")
 
 
 class FakeProcess:
@@ -292,6 +293,7 @@ async def test_attached_job_cannot_be_stopped_from_dialog(tmp_path: Path) -> Non
 class ConnectedReplay(ReplaySource):
     """A recording followed like a live socket: connected, commands recorded (the edge a CPU test lacks)."""
 
+    mode = "attached"
     connected = True
 
     def __init__(self, run_dir: Path) -> None:

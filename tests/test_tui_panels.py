@@ -30,13 +30,14 @@ from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import RecordingReader, ReplaySource, Source
 from perfmon.tui.app import NOT_CONNECTED, PerfmonApp
 from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.charts import SPANS
 from perfmon.tui.widgets.device import DevicePanel
 from perfmon.tui.widgets.findings import FindingsPanel, FindingsSummary
 from perfmon.tui.widgets.host import HostPanel
 from perfmon.tui.widgets.logpanel import LogPanel
 from perfmon.tui.widgets.model import ModelPanel
 from perfmon.tui.widgets.ops import EMPTY, SORTS, OpsPanel
-from perfmon.tui.widgets.phases import SPANS, PhasesPanel
+from perfmon.tui.widgets.phases import PhasesPanel
 from perfmon.tui.widgets.views import VIEWS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,25 +19,20 @@ from perfmon.analysis.rules import Config, Engine
 from perfmon.analysis.state import RunState
 from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording
 from perfmon.monitor.sources import ReplaySource, Source, connect
+from perfmon.monitor.tail import Tail
 
 
 class LogTail:
-    """Copies new bytes of a growing file to a stream, whole lines at a time."""
+    """Copies new bytes of a growing file to a stream as they come (the script's own output, as is)."""
 
     def __init__(self, path: Path, out: BinaryIO) -> None:
-        self.path = path
+        self.tail = Tail(path)
         self.out = out
-        self.offset = 0
 
     def pump(self) -> int:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return 0
+        """Copy what was appended since the last call; returns its size in bytes."""
+        data = self.tail.read()
         if data:
-            self.offset += len(data)
             try:
                 self.out.write(data)
                 self.out.flush()

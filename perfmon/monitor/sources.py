@@ -14,42 +14,34 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from perfmon import protocol
+from perfmon.monitor.tail import Tail
 
 if TYPE_CHECKING:
     from perfmon.monitor.launch import TrainingProcess
 
 
 class RecordingReader:
-    """Reads complete lines of a growing ``events.jsonl`` from where it left off."""
+    """Reads the messages of a growing ``events.jsonl`` from where it left off (complete lines only)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.offset = 0
+        self.tail = Tail(path, max_line=protocol.MAX_LINE)  # longer: given out whole, then skipped by decode
         self.skipped = 0
         self.errors: list[str] = []
-        self._partial = b""
+
+    @property
+    def offset(self) -> int:
+        """Bytes of the file read so far."""
+        return self.tail.offset
 
     def read_new(self, max_bytes: int = -1) -> list[dict[str, Any]]:
         """Messages appended since the last call (at most about ``max_bytes`` of them);
         a trailing partial line waits for its end."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read(max_bytes)
-        except OSError:
-            return []
-        self.offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        if len(self._partial) > protocol.MAX_LINE:
-            self.skipped += 1
-            self._partial = b""
         out = []
-        for line in lines:
+        for line in self.tail.lines(max_bytes):
             if not line.strip():
                 continue
             try:
@@ -64,6 +56,9 @@ class RecordingReader:
 class Source:
     """The interface: a blocking message iterator, commands back, close."""
 
+    #: What the dashboard says it watches: ``"replay"`` (a recording: no job behind it, unless the
+    #: source says it is ``connected``) or ``"attached"`` (a running job's agent); "" says nothing.
+    mode: ClassVar[str] = ""
     run_dir: Path | None = None
     skipped = 0
 
@@ -79,6 +74,8 @@ class Source:
 
 class ReplaySource(Source):
     """A recording; with ``follow``, keeps reading as it grows until ``close()``."""
+
+    mode = "replay"
 
     def __init__(self, run_dir: Path, follow: bool = False, poll: float = 0.25) -> None:
         self.run_dir = Path(run_dir)
@@ -217,6 +214,8 @@ class PacedReplaySource(ReplaySource):
 
 class LiveSource(Source):
     """A running agent's socket, back-filled from its recording."""
+
+    mode = "attached"
 
     def __init__(self, socket_path: Path, run_dir: Path | None = None, timeout: float = 5.0) -> None:
         self.socket_path = Path(socket_path)

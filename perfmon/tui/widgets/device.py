@@ -14,27 +14,9 @@ from textual.reactive import reactive
 
 from perfmon.analysis.state import RunState
 from perfmon.tui.widgets import fmt
-from perfmon.tui.widgets.phases import SPANS, resample, spark_rows, stacked_bar
+from perfmon.tui.widgets.charts import LABEL_W, SPANS, span_words, spark, stacked_bar
+from perfmon.tui.widgets.fmt import Num, number
 from perfmon.tui.widgets.styled import LinesPanel
-
-LABEL_W = 6
-Num = float | None
-
-
-def number(value: Any) -> Num:
-    """A reading as a float, None when missing or not a number."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def spark(values: tuple[float, ...], width: int, lo: float | None = None, hi: float | None = None) -> str:
-    """A one-row sparkline of ``values`` in ``width`` cells, on a fixed ``lo..hi`` scale when given."""
-    cells = resample(values, width)
-    if not cells:
-        return ""
-    if lo is not None and hi is not None and hi > lo:
-        cells = [lo, hi, *cells]  # pin the scale: spark_rows scales min..max
-        return spark_rows(cells, 1)[0][2:]
-    return spark_rows(cells, 1)[0]
 
 
 @dataclass(frozen=True)
@@ -170,7 +152,7 @@ class DeviceView:
         assert info is not None
         line = Text(prefix, st["label"], no_wrap=True).append("util".ljust(LABEL_W), st["label"])
         line.append(fmt.pct(gpu.util).rjust(4), st["value"]).append("  ")
-        suffix = f"  {info.span}" if info.span == "whole run" else f"  last {info.span}"
+        suffix = f"  {span_words(info.span)}"
         room = width - line.cell_len - len(suffix)
         if room >= 8:
             if info.series:

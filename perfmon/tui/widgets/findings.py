@@ -84,14 +84,14 @@ class FindingsInfo:
     def worst(self) -> FindingRow | None:
         return self.rows[0] if self.rows else None
 
-
-def badge(info: FindingsInfo | None) -> tuple[str, str]:
-    """The header badge: (text, severity), e.g. ``("▲ critical: input-bound +2", "critical")``."""
-    if info is None or not info.rows:
-        return "", ""
-    worst = info.rows[0]
-    more = f" +{len(info.rows) - 1}" if len(info.rows) > 1 else ""
-    return f"{MARKS.get(worst.severity, '●')} {worst.severity}: {worst.id}{more}", worst.severity
+    @property
+    def badge(self) -> tuple[str, str]:
+        """The header badge: (text, severity), e.g. ``("▲ critical: input-bound +2", "critical")``."""
+        if not self.rows:
+            return "", ""
+        worst = self.rows[0]
+        more = f" +{len(self.rows) - 1}" if len(self.rows) > 1 else ""
+        return f"{MARKS.get(worst.severity, '●')} {worst.severity}: {worst.id}{more}", worst.severity
 
 
 def _styles(widget: Widget, classes: set[str]) -> dict[str, Style]:

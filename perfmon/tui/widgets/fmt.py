@@ -1,8 +1,17 @@
-"""Number formatting shared by the panels: short, fixed-width friendly, "—" for unknown."""
+"""Numbers shared by the panels: readings as floats, and formatting (short, fixed-width friendly,
+"—" or "n/a" for unknown)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 DASH = "—"
+Num = float | None
+
+
+def number(value: Any) -> Num:
+    """A reading as a float, None when missing or not a number."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def ms(value: float | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.style import Style
@@ -16,8 +16,10 @@ from textual.reactive import reactive
 from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
 from perfmon.tui.widgets import fmt
-from perfmon.tui.widgets.findings import FindingsInfo, badge
 from perfmon.tui.widgets.styled import StyledWidget
+
+if TYPE_CHECKING:
+    from perfmon.tui.widgets.findings import FindingsInfo
 
 CPU_ONLY = "CPU only — no GPU"
 Pieces = tuple[tuple[str, str], ...]  # (text, style name)
@@ -137,6 +139,7 @@ class HeaderInfo:
             if versions.get(key)
         )
         pid = meta.get("pid")
+        badge, badge_kind = findings.badge if findings is not None else ("", "")
         return cls(
             command=command,
             pid=str(pid) if pid is not None else fmt.DASH,
@@ -150,8 +153,8 @@ class HeaderInfo:
             cpu_only=cpu_only,
             details=details,
             mode=mode,
-            badge=badge(findings)[0],
-            badge_kind=badge(findings)[1],
+            badge=badge,
+            badge_kind=badge_kind,
             vitals=vitals(state, data_warn),  # the input-bound rule's own threshold (--rules too)
         )
 

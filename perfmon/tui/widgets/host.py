@@ -12,8 +12,8 @@ from textual.reactive import reactive
 
 from perfmon.analysis.state import RunState
 from perfmon.tui.widgets import fmt
-from perfmon.tui.widgets.device import LABEL_W, Num, number, spark
-from perfmon.tui.widgets.phases import SPANS, stacked_bar
+from perfmon.tui.widgets.charts import LABEL_W, SPANS, span_words, spark, stacked_bar
+from perfmon.tui.widgets.fmt import Num, number
 from perfmon.tui.widgets.styled import LinesPanel
 
 KEYS = (
@@ -64,7 +64,7 @@ class HostView:
         cpus = g("cpu_count")
         cpu = Text("CPU".ljust(LABEL_W), st["label"], no_wrap=True)
         cpu.append("trainer ", st["label"]).append(fmt.pct(g("cpu_percent")).rjust(4), st["value"]).append("  ")
-        suffix = f"  {info.span}" if info.span == "whole run" else f"  last {info.span}"
+        suffix = f"  {span_words(info.span)}"
         room = width - cpu.cell_len - len(suffix)
         if room >= 8:
             hi = max(100.0, *(info.series or (0.0,)))  # a process may use several cores: > 100%

@@ -12,6 +12,8 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Log, Static
 
+from perfmon.monitor.tail import Tail
+
 MAX_LINES = 5000
 _ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
@@ -34,49 +36,22 @@ def last_frame(traceback: str | None) -> str | None:
 
 
 class OutputTail:
-    """Reads new complete lines of a growing file; starts near its end, survives truncation."""
+    """New complete lines of ``output.log`` as text; starts near its end, survives truncation."""
 
     FIRST_BYTES = 256 * 1024  # how much of an existing file to show at first
     CHUNK = 4 * 1024 * 1024  # most read per call
     MAX_PARTIAL = 64 * 1024  # an unterminated line longer than this is shown as is
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.pos: int | None = None
-        self.partial = b""
+        self.tail = Tail(path, max_read=self.CHUNK, max_line=self.MAX_PARTIAL, near_end=self.FIRST_BYTES)
 
     def read(self) -> list[str]:
-        """New complete lines since the last call (at most MAX_LINES)."""
-        try:
-            size = self.path.stat().st_size
-        except OSError:
-            return []
-        skip_first = False
-        if self.pos is None:
-            self.pos = max(0, size - self.FIRST_BYTES)
-            skip_first = self.pos > 0
-        if size < self.pos:  # truncated or replaced
-            self.pos, self.partial = 0, b""
-        if size == self.pos:
-            return []
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.pos)
-                data = f.read(self.CHUNK)
-        except OSError:
-            return []
-        self.pos += len(data)
-        if skip_first:
-            data = data.split(b"\n", 1)[1] if b"\n" in data else b""
-        *complete, self.partial = (self.partial + data).split(b"\n")
-        if len(self.partial) > self.MAX_PARTIAL:
-            complete.append(self.partial)
-            self.partial = b""
-        return [line.decode("utf-8", "replace") for line in complete[-MAX_LINES:]]
+        """New complete lines since the last call (at most MAX_LINES: the panel keeps no more)."""
+        return [line.decode("utf-8", "replace") for line in self.tail.lines()[-MAX_LINES:]]
 
     def flush(self) -> list[str]:
         """The unterminated last line, if any."""
-        rest, self.partial = self.partial, b""
+        rest = self.tail.flush()
         return [rest.decode("utf-8", "replace")] if rest else []
 
 

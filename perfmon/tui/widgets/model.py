@@ -14,8 +14,8 @@ from textual.reactive import reactive
 
 from perfmon.analysis.state import RunState
 from perfmon.tui.widgets import fmt
-from perfmon.tui.widgets.device import Num, number
-from perfmon.tui.widgets.phases import stacked_bar
+from perfmon.tui.widgets.charts import stacked_bar
+from perfmon.tui.widgets.fmt import Num, number
 from perfmon.tui.widgets.styled import LinesPanel
 
 LABEL_W = 9

@@ -14,7 +14,7 @@ from textual.reactive import reactive
 
 from perfmon.analysis.state import RunState
 from perfmon.tui.widgets import fmt
-from perfmon.tui.widgets.device import Num, number
+from perfmon.tui.widgets.fmt import Num, number
 from perfmon.tui.widgets.styled import StyledWidget
 
 #: Sort orders, cycled by the ``s`` key: (label, op key).

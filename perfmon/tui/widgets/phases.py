@@ -15,17 +15,15 @@ from perfmon.analysis.report import NO_STEPS
 from perfmon.analysis.state import RunState
 from perfmon.protocol import ALL_PHASES
 from perfmon.tui.widgets import fmt
+from perfmon.tui.widgets.charts import SPANS, resample, spark_rows, stacked_bar
 from perfmon.tui.widgets.styled import StyledWidget
 
-#: Sparkline spans, cycled by the ``t`` key: (label, seconds or None for the whole run).
-SPANS: tuple[tuple[str, float | None], ...] = (("1 min", 60.0), ("10 min", 600.0), ("1 h", 3600.0), ("whole run", None))
 ROWS = (*ALL_PHASES, "step")
 NAME_W, NUM_W, SHARE_W, GAP = 12, 6, 7, 3
 SECTION_W = 3 * NUM_W + SHARE_W
 TABLE_W = NAME_W + 2 * SECTION_W + GAP
 TABLE_LINES = 2 + len(ROWS)
 SIDE_CHART_MIN = 30  # chart beside the table when at least this many columns are left
-BLOCKS = " ▁▂▃▄▅▆▇█"
 BAR_MIN = 12  # cells the share bar keeps when notes share its line
 
 Stats = dict[str, dict[str, float | None]]
@@ -87,48 +85,6 @@ def _freeze(stats: Stats) -> tuple[tuple[str, tuple[float | None, ...]], ...]:
     return tuple(
         (p, (s.get("mean_ms"), s.get("p50_ms"), s.get("p95_ms"), s.get("share"))) for p, s in stats.items()
     )
-
-
-def resample(values: tuple[float, ...] | list[float], width: int) -> list[float]:
-    """Fit ``values`` into ``width`` columns: chunk means when longer, repeated points when shorter."""
-    n = len(values)
-    if n == 0 or width <= 0:
-        return []
-    if n <= width:
-        return [values[j * n // width] for j in range(width)]
-    out = []
-    for j in range(width):
-        chunk = values[j * n // width:(j + 1) * n // width]
-        out.append(sum(chunk) / len(chunk))
-    return out
-
-
-def spark_rows(values: list[float], height: int) -> list[str]:
-    """Multi-row sparkline (eighth blocks), min..max scaled; the lowest value keeps one eighth."""
-    if not values:
-        return [""] * height
-    lo, hi = min(values), max(values)
-    levels = height * 8
-    cells = [1 + round((v - lo) / (hi - lo) * (levels - 1)) if hi > lo else levels // 2 for v in values]
-    rows = []
-    for r in range(height):
-        base = (height - 1 - r) * 8
-        rows.append("".join(BLOCKS[max(0, min(8, c - base))] for c in cells))
-    return rows
-
-
-def stacked_bar(shares: list[tuple[str, float]], width: int) -> list[tuple[str, int]]:
-    """Split ``width`` cells among phases by share (largest remainder), in phase order."""
-    total = sum(s for _, s in shares)
-    if total <= 0 or width <= 0:
-        return []
-    exact = [(p, s / total * width) for p, s in shares]
-    cells = [(p, int(x)) for p, x in exact]
-    left = width - sum(c for _, c in cells)
-    order = sorted(range(len(exact)), key=lambda i: exact[i][1] - int(exact[i][1]), reverse=True)
-    for i in order[:left]:
-        cells[i] = (cells[i][0], cells[i][1] + 1)
-    return [(p, c) for p, c in cells if c > 0]
 
 
 class PhasesView:
@@ -242,7 +198,7 @@ class PhasesPanel(StyledWidget):
     """Phase timings panel; ``info`` and ``span_index`` are its state."""
 
     COMPONENT_CLASSES = {
-        "phases--data", "phases--forward", "phases--backward", "phases--optimizer", "phases--other",
+        *(f"phases--{p}" for p in ALL_PHASES),
         "phases--step", "phases--name", "phases--value", "phases--share", "phases--heading",
         "phases--chart", "phases--span",
     }

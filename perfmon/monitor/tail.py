@@ -1,0 +1,77 @@
+"""Following a growing file: the recording (``events.jsonl``) and the script's ``output.log``.
+
+One reader for all of them: new bytes, or new complete lines, since the last read. A partial last
+line waits for its end; a file that shrank or was replaced is read again from its start; a cap
+bounds the bytes one read takes (so one call never holds a whole large file); a tail may start
+near the end of what is already there (a log shows its recent past, not all of it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class Tail:
+    """New bytes or complete lines of a growing file, from where the last read left off.
+
+    ``max_read``: most bytes one read takes (-1: all there is). ``max_line``: an unterminated line
+    longer than this is given out as it stands (what follows comes as a line of its own), so a
+    writer that never ends its line cannot grow the buffer without bound; None: no limit.
+    ``near_end``: start at the first line that begins in the last ``near_end`` bytes of the file
+    as it is at the first read that finds it; None: start at its beginning.
+    """
+
+    def __init__(
+        self, path: Path, *, max_read: int = -1, max_line: int | None = None, near_end: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.offset = 0  # the next byte to read
+        self.max_read = max_read
+        self.max_line = max_line
+        self._near_end = near_end
+        self._skipping = False  # started mid-line: drop bytes through the next newline
+        self._partial = b""
+        self._ino: int | None = None
+
+    def read(self, limit: int | None = None) -> bytes:
+        """Bytes appended since the last call, at most ``limit`` (default ``max_read``); ``b""`` when
+        there are none or the file is missing. A file that shrank or was replaced (another inode) is
+        read again from its start. (Use this or :meth:`lines`, not both: this skips their buffer.)"""
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if self._near_end is not None:  # the first read that finds the file decides where to start
+                    start = st.st_size - self._near_end
+                    # read from the byte before ``start``: if it ends a line, the line at ``start`` is kept
+                    self.offset, self._skipping = (start - 1, True) if start > 0 else (0, False)
+                    self._near_end = None
+                elif st.st_size < self.offset or (self._ino is not None and st.st_ino != self._ino):
+                    self.offset, self._partial, self._skipping = 0, b"", False  # truncated or replaced
+                self._ino = st.st_ino
+                f.seek(self.offset)
+                data = f.read(self.max_read if limit is None else limit)
+        except OSError:
+            return b""
+        self.offset += len(data)
+        if self._skipping:
+            _, newline, data = data.partition(b"\n")
+            self._skipping = not newline
+        return data
+
+    def lines(self, limit: int | None = None) -> list[bytes]:
+        """Complete lines (without their newline) appended since the last call, from at most ``limit``
+        new bytes; a trailing partial line is kept for the call that brings its end."""
+        data = self.read(limit)
+        if not data:
+            return []
+        *complete, self._partial = (self._partial + data).split(b"\n")
+        if self.max_line is not None and len(self._partial) > self.max_line:
+            complete.append(self._partial)
+            self._partial = b""
+        return complete
+
+    def flush(self) -> bytes:
+        """The partial last line so far (``b""`` if none), given up: the writer is done."""
+        rest, self._partial = self._partial, b""
+        return rest

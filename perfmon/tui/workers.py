@@ -1,0 +1,129 @@
+"""The dashboard's background loops: follow the source, wait for the launched process, tail the output.
+
+Each runs on a thread of its own (the app's thin ``@work`` methods call them), blocks only on what
+it follows or on ``stop``, and tells the UI what happened with the typed messages below.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from textual.message import Message
+
+from perfmon.analysis.state import RunState
+from perfmon.monitor.sources import Source
+from perfmon.tui.widgets.logpanel import MAX_LINES, OutputTail
+
+COALESCE_S = 0.5  # state changes are posted at most this often
+OUTPUT_S = 1.0  # new output lines at most this often: each write lays the screen out again
+POLL_S = 0.25  # process and output.log polls; also how soon a loop sees ``stop``
+
+Post = Callable[[Message], object]
+
+
+class StateChanged(Message):
+    """New messages were folded into the state (coalesced)."""
+
+
+class StreamEnded(Message):
+    """The source's stream is over; ``error`` says why when it broke."""
+
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__()
+        self.error = error
+
+
+class ProcessExited(Message):
+    """The launched training process ended."""
+
+    def __init__(self, returncode: int) -> None:
+        super().__init__()
+        self.returncode = returncode
+
+
+class OutputLines(Message):
+    """Complete new lines of ``RUN/output.log``."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+
+class TrainingProcessLike(Protocol):
+    """What the app needs of :class:`perfmon.monitor.launch.TrainingProcess`."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+    def stop(self) -> None: ...
+
+
+def follow_source(source: Source, fold: Callable[[dict[str, Any]], None], post: Post,
+                  stop: threading.Event) -> None:
+    """``fold`` each of the source's messages into the state; post :class:`StateChanged` on a leading
+    edge, at most every COALESCE_S (the app's periodic flush draws what came after), then
+    :class:`StreamEnded`."""
+    last_post = 0.0
+    error: str | None = None
+    try:
+        for msg in source.messages():
+            fold(msg)
+            now = time.monotonic()
+            if now - last_post >= COALESCE_S:
+                last_post = now
+                post(StateChanged())
+            if stop.is_set():
+                return
+    except Exception as exc:  # noqa: BLE001 - a broken stream ends it; the dashboard stays
+        error = f"stream error: {type(exc).__name__}: {exc}"
+    post(StreamEnded(error))
+
+
+def wait_for_exit(process: TrainingProcessLike, state: RunState, lock: threading.Lock, post: Post,
+                  stop: threading.Event) -> None:
+    """Wait for the launched process, then fold its exit into the state and post :class:`ProcessExited`.
+
+    Polls, so that detaching never waits on the process.
+    """
+    while (code := process.poll()) is None:
+        if stop.wait(POLL_S):
+            return
+    with lock:
+        state.process_exited(code)
+    post(ProcessExited(code))
+
+
+def tail_output(run_dir: Callable[[], Any], post: Post, stop: threading.Event,
+                job_over: threading.Event) -> None:
+    """Poll ``RUN/output.log`` every POLL_S; post new complete lines (:class:`OutputLines`) at most
+    every OUTPUT_S. Ends once the job is over and the file is read to its end.
+
+    ``run_dir()`` is asked until it knows the run dir: an attached source learns it from the agent's hello.
+    """
+    tail: OutputTail | None = None
+    while tail is None:
+        where = run_dir()
+        if where:
+            tail = OutputTail(Path(where) / "output.log")
+        elif job_over.is_set() or stop.wait(POLL_S):
+            return
+    pending: list[str] = []
+    last_post = 0.0
+    while True:
+        ended = job_over.is_set()  # before the read: what the job wrote before it ended is in this one
+        lines = tail.read()
+        pending.extend(lines)
+        if ended and not lines:
+            pending.extend(tail.flush())
+        now = time.monotonic()
+        if pending and (ended or now - last_post >= OUTPUT_S):
+            post(OutputLines(pending[-MAX_LINES:]))
+            pending, last_post = [], now
+        if ended and not lines:
+            return
+        if stop.wait(POLL_S):
+            return

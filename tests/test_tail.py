@@ -1,0 +1,177 @@
+"""The one file tailer (perfmon/monitor/tail.py) and its three users' adapters."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfmon import protocol
+from perfmon.monitor.headless import LogTail
+from perfmon.monitor.sources import RecordingReader
+from perfmon.monitor.tail import Tail
+from perfmon.tui.widgets.logpanel import OutputTail
+
+# A case: Tail options, then steps of (what happens to the file, its bytes, what ``lines()`` gives next).
+#   append: bytes added at the end; write: the file rewritten in place (truncated); replace: a new file
+#   renamed over it; remove: the file deleted; none: nothing happens.
+Step = tuple[str, bytes, list[bytes]]
+CASES: dict[str, tuple[dict[str, Any], list[Step]]] = {
+    "missing file": ({}, [
+        ("none", b"", []),
+        ("append", b"a\n", [b"a"]),  # appears later: read from its start
+    ]),
+    "growth": ({}, [
+        ("append", b"one\ntwo\n", [b"one", b"two"]),
+        ("none", b"", []),
+        ("append", b"three\n", [b"three"]),
+        ("append", b"\n", [b""]),  # an empty line is a line
+    ]),
+    "partial line completed later": ({}, [
+        ("append", b"one\ntw", [b"one"]),
+        ("append", b"o and", []),
+        ("append", b" more\nthr", [b"two and more"]),
+        ("append", b"ee\n", [b"three"]),
+    ]),
+    "truncation": ({}, [
+        ("append", b"one\ntwo\npart", [b"one", b"two"]),
+        ("write", b"new\n", [b"new"]),  # shorter than what was read: from the start, the partial dropped
+        ("append", b"more\n", [b"more"]),
+    ]),
+    "replacement": ({}, [
+        ("append", b"old line\n", [b"old line"]),
+        ("replace", b"a longer new file\n", [b"a longer new file"]),  # not shorter: told by its inode
+    ]),
+    "removed, then back": ({}, [
+        ("append", b"one\n", [b"one"]),
+        ("remove", b"", []),
+        ("append", b"2\n", [b"2"]),  # shorter: read from its start (a same-size file may reuse the inode)
+    ]),
+    "a line over the read cap": ({"max_read": 4}, [
+        ("append", b"abcdefghij\nk\n", []),  # 4 bytes a read: the line is put together over reads
+        ("none", b"", []),
+        ("none", b"", [b"abcdefghij"]),
+        ("none", b"", [b"k"]),
+        ("none", b"", []),
+    ]),
+    "an unterminated line over the line cap": ({"max_line": 5}, [
+        ("append", b"ok\n0123456789", [b"ok", b"0123456789"]),  # given out as it stands
+        ("append", b"ab\n", [b"ab"]),  # the rest of it: a line of its own
+    ]),
+    "start near the end": ({"near_end": 8}, [
+        ("append", b"first line\nsecond\nthird\n", [b"third"]),  # "second" began before the last 8 bytes
+        ("append", b"fourth\n", [b"fourth"]),
+    ]),
+    "start near the end, at a line start": ({"near_end": 6}, [
+        ("append", b"first line\nthird\n", [b"third"]),
+    ]),
+    "start near the end of a short file": ({"near_end": 100}, [
+        ("append", b"one\ntwo\n", [b"one", b"two"]),
+    ]),
+    "start near the end, file missing at first": ({"near_end": 4}, [
+        ("none", b"", []),
+        ("append", b"a long first line\nb\n", [b"b"]),  # decided at the first read that finds the file
+    ]),
+    "start near the end, truncated later": ({"near_end": 4}, [
+        ("append", b"one\ntwo\n", [b"two"]),
+        ("write", b"x\n", [b"x"]),  # after truncation: all of the new content
+    ]),
+}
+
+
+def apply(path: Path, op: str, data: bytes) -> None:
+    if op == "append":
+        with open(path, "ab") as f:
+            f.write(data)
+    elif op == "write":
+        path.write_bytes(data)
+    elif op == "replace":
+        new = path.with_suffix(".new")
+        new.write_bytes(data)
+        os.replace(new, path)
+    elif op == "remove":
+        path.unlink()
+    else:
+        assert op == "none"
+
+
+@pytest.mark.parametrize("options, steps", CASES.values(), ids=CASES.keys())
+def test_lines(tmp_path: Path, options: dict[str, Any], steps: list[Step]) -> None:
+    path = tmp_path / "file.log"
+    tail = Tail(path, **options)
+    for i, (op, data, expected) in enumerate(steps):
+        apply(path, op, data)
+        assert tail.lines() == expected, f"step {i}: {op} {data!r}"
+
+
+@pytest.mark.parametrize("options, chunks, expected", [
+    ({}, [b"ab", b"c\nd", b""], [b"ab", b"c\nd", b""]),  # bytes as they come, partial lines too
+    ({"max_read": 2}, [b"abcde", b"", b""], [b"ab", b"cd", b"e"]),
+    ({"near_end": 3}, [b"line\nxy\n", b"z"], [b"xy\n", b"z"]),  # near the end: from a line start
+])
+def test_read_bytes(tmp_path: Path, options: dict[str, Any], chunks: list[bytes],
+                    expected: list[bytes]) -> None:
+    path = tmp_path / "file.log"
+    tail = Tail(path, **options)
+    got = []
+    for chunk in chunks:
+        apply(path, "append", chunk)
+        got.append(tail.read())
+    assert got == expected
+
+
+def test_flush_gives_up_the_partial_line(tmp_path: Path) -> None:
+    path = tmp_path / "file.log"
+    path.write_bytes(b"done\nhalf")
+    tail = Tail(path)
+    assert tail.lines() == [b"done"]
+    assert tail.flush() == b"half"
+    assert tail.flush() == b""
+
+
+def test_read_limit_overrides_the_cap(tmp_path: Path) -> None:
+    path = tmp_path / "file.log"
+    path.write_bytes(b"a\nb\nc\n")
+    tail = Tail(path, max_read=2)
+    assert tail.lines(limit=4) == [b"a", b"b"]
+    assert tail.lines() == [b"c"] and tail.offset == 6
+
+
+# -- the adapters ---------------------------------------------------------------------------------
+
+
+def test_recording_reader_decodes_and_skips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(protocol, "MAX_LINE", 200)
+    path = tmp_path / "events.jsonl"
+    hello = protocol.encode(protocol.message("hello", seq=1))
+    path.write_bytes(hello + b"not json\n\n" + hello[:10])
+    reader = RecordingReader(path)
+    assert [m["type"] for m in reader.read_new()] == ["hello"]
+    assert reader.skipped == 1 and reader.errors[0].startswith("not JSON")
+    with open(path, "ab") as f:
+        f.write(hello[10:] + b"x" * 300)  # the partial line completed, then one over the line limit
+    assert [m["type"] for m in reader.read_new()] == ["hello"] and reader.skipped == 2
+    assert reader.offset == path.stat().st_size
+
+
+def test_log_tail_copies_bytes_as_they_come(tmp_path: Path) -> None:
+    path = tmp_path / "output.log"
+    out = io.BytesIO()
+    tail = LogTail(path, out)
+    assert tail.pump() == 0
+    path.write_bytes(b"step 1\nprogress 10%\r")
+    assert tail.pump() == 20 and out.getvalue() == b"step 1\nprogress 10%\r"
+
+
+def test_output_tail_starts_near_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "output.log"
+    lines = [f"line {i}".encode() for i in range(100_000)]
+    path.write_bytes(b"\n".join(lines) + b"\nunterminated \xff")
+    tail = OutputTail(path)
+    got = tail.read()
+    assert len(got) < len(lines) and got[-1] == "line 99999"
+    assert all(line.startswith("line ") for line in got)  # no cut line at the start
+    assert tail.flush() == ["unterminated \ufffd"]
