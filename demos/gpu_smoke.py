@@ -1,10 +1,14 @@
 """GPU smoke check (< 3 minutes): real NVML, real allocator numbers, CUDA-event phase times.
 
-    perfmon --headless --interval 5 demos/gpu_smoke.py --steps 400
-    perfmon report perfmon-runs/<run> --json
+    perfmon --headless --interval 5 --profile-every 100 --run-dir RUN demos/gpu_smoke.py --steps 400
+    perfmon report RUN --json
+    python demos/gpu_smoke.py --verify RUN
 
 Run directly (python demos/gpu_smoke.py --check) it also prints what perfmon's own
-collectors read on this machine, for comparison with nvidia-smi.
+collectors read on this machine, for comparison with nvidia-smi. ``--verify RUN`` checks each live
+profiler window of the run (as the monitor analysed it) against ``perfmon trace`` on its own trace file:
+the same device busy share, breakdown and top ops, GPU kernels present, and no no-mixed-precision
+finding above info (the loop runs under bf16 autocast, so bf16 tensor-core GEMMs must be what ran).
 """
 
 from __future__ import annotations
@@ -42,13 +46,46 @@ def collectors_check() -> None:
         del small
 
 
+def verify(run: str) -> int:
+    """Live windows vs ``perfmon trace`` on the same trace files; prints each check, 0 when all pass."""
+    import subprocess
+
+    cli = [sys.executable, "-m", "perfmon.cli"]
+    report = json.loads(subprocess.run([*cli, "report", run, "--json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    failures = 0
+    profiles = report.get("profiles") or []
+    print(f"{len(profiles)} profiler windows in {run}")
+    for prof in profiles:
+        doc = json.loads(subprocess.run([*cli, "trace", prof["trace"], "--json"], capture_output=True, text=True,
+                                        check=True).stdout)
+        t = doc["traces"][0]
+        checks = {
+            "device is a GPU": t["device"] != "cpu",
+            "kernels in the trace": bool(t["top_kernels"]),
+            "busy matches": prof.get("device_busy") == t["busy"],
+            "breakdown matches": all((prof.get("breakdown") or {}).get(k) == t[k]
+                                     for k in ("idle", "compute", "non_compute", "communication", "memory")),
+            "top ops match": [o["name"] for o in prof["top_ops"][:5]] == [o["name"] for o in t["top_ops"][:5]],
+            "bf16 GEMMs seen": not any(f["id"] == "no-mixed-precision" and f["severity"] != "info"
+                                       for f in t["findings"]),
+        }
+        for name, ok in checks.items():
+            print(f"  window at step {prof.get('step')}: {name}: {'ok' if ok else 'WRONG'}")
+            failures += not ok
+    return 1 if failures or not profiles else 0
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--verify", metavar="RUN", help="check RUN's live profiler windows against perfmon trace")
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--width", type=int, default=4096)
     p.add_argument("--check", action="store_true", help="print the collectors' raw readings first")
     args = p.parse_args()
+    if args.verify:
+        sys.exit(verify(args.verify))
     if args.check:
         collectors_check()
     if not torch.cuda.is_available():

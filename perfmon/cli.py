@@ -31,7 +31,7 @@ def _run_parser() -> _Parser:
         prog="perfmon",
         description="Live performance monitor for PyTorch training, in the terminal.",
         usage="perfmon [OPTIONS] SCRIPT [ARGS...] | perfmon [OPTIONS] -m MODULE [ARGS...] | "
-        "perfmon report RUN [--json] | perfmon ls | perfmon attach [PID|RUN] | perfmon replay RUN",
+        "perfmon report RUN [--json] | perfmon trace PATH [--json] | perfmon ls | perfmon attach [PID|RUN] | perfmon replay RUN",
         epilog="Options come before the script; everything after the script is passed to it untouched.",
     )
     p.add_argument("--headless", action="store_true", help="no dashboard: script output on stdout, status lines on stderr")
@@ -248,6 +248,10 @@ def _main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "report":
         return _report(argv[1:])
+    if argv and argv[0] == "trace":
+        from perfmon.analysis.trace import main as trace_main
+
+        return trace_main(argv[1:])
     if argv and argv[0] in ("ls", "attach", "replay"):
         return {"ls": _ls, "attach": _attach, "replay": _replay}[argv[0]](argv[1:])
     opts, rest = _split(argv)

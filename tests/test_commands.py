@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from perfmon.analysis.profile_window import export_text, summarise_window
 from perfmon.monitor.launch import Target, TrainingProcess
 from perfmon.monitor.sources import LiveSource, wait_for_socket
 
@@ -76,19 +77,26 @@ def test_profile_window_on_demand_and_busy_and_export(session):
     assert session.source.send({"name": "profile", "id": 3})
     busy = session.wait_for(lambda m: m.get("kind") == "command_result" and m.get("id") == 3)
     assert busy["ok"] is False and "busy" in busy["message"]
-    prof = session.wait_for(lambda m: m.get("type") == "profile")
-    names = [op["name"] for op in prof["top_ops"]]
-    assert {"aten::addmm", "aten::mm"} & set(names)
-    assert prof["active_steps"] == 3 and prof["device"] == "cpu"
-    assert abs(sum(op["share"] for op in prof["top_ops"]) - 1.0) < 0.5  # top 30 of all ops
-    mm = next(op for op in prof["top_ops"] if op["name"] in ("aten::addmm", "aten::mm"))
-    assert mm["flops"] > 0 and mm["calls"] >= 3
-    trace = Path(prof["trace"])
+    raw = session.wait_for(lambda m: m.get("type") == "profile")
+    assert "top_ops" not in raw  # the job only captures and exports: the window is analysed outside it
+    trace = Path(raw["trace"])
     assert trace.parent == session.proc.run_dir / "traces" and trace.name.endswith(".pt.trace.json")
     assert "traceEvents" in json.loads(trace.read_text())  # a Chrome trace
+    prof = summarise_window(raw)
+    names = [op["name"] for op in prof["top_ops"]]
+    assert {"aten::addmm", "aten::mm"} & set(names)
+    assert prof["active_steps"] == 3 and prof["device"] == "cpu" and prof["top_kernels"] == []
+    assert prof["syncs_per_step"] is None and prof["device_busy"] is None  # no device on a CPU run
+    assert abs(sum(op["share"] for op in prof["top_ops"]) - 1.0) < 0.5  # top 30 of all ops
+    mm = next(op for op in prof["top_ops"] if op["name"] in ("aten::addmm", "aten::mm"))
+    assert mm["calls"] >= 3 and mm["self_ms"] > 0
+    # cached outside traces/ (tools read every .json there): a replay does not parse the trace again
+    assert (session.proc.run_dir / "analysis" / (trace.name + ".summary.json")).is_file()
+    assert [p.name for p in trace.parent.iterdir()] == [trace.name]
     assert session.source.send({"name": "export", "id": 4})
-    exported = session.result("export", after=4)
-    assert exported["ok"] and Path(exported["path"]).read_text().count("aten::") >= 3
+    assert session.result("export", after=4)["trace"] == str(trace)
+    out = export_text(prof, session.proc.run_dir)
+    assert out.parent == session.proc.run_dir / "exports" and out.read_text().count("aten::") >= 3
 
 
 def test_cpu_cache_and_snapshot_say_plainly_there_is_no_cuda(session):
@@ -123,7 +131,7 @@ def test_periodic_windows_do_not_change_results(tmp_path):
     report = json.loads(subprocess.run([sys.executable, "-m", "perfmon.cli", "report", str(run), "--json"],
                                        capture_output=True, text=True, check=True).stdout)
     assert len(report["profiles"]) >= 2
-    for prof in report["profiles"]:
+    for prof in report["profiles"]:  # analysed by `perfmon report` from each window's trace
         assert {"aten::addmm", "aten::mm"} & {op["name"] for op in prof["top_ops"]}
         assert "traceEvents" in json.loads(Path(prof["trace"]).read_text())
     assert not list((run / "traces").glob("*.tmp"))

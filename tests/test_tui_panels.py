@@ -598,3 +598,33 @@ def test_a_ranking_in_evidence_reads_as_a_ranked_list():
 
     text = evidence_value("share_by_phase", {"optimizer": 0.5081, "backward": 0.203, "other": 0.1})
     assert text == "1. optimizer 51% · 2. backward 20% · 3. other 10%"
+
+
+def test_ops_view_of_a_gpu_window_analysed_from_its_trace(tmp_path: Path) -> None:
+    """A real A100 DDP trace, summarised as the monitor summarises a live window: ops by the device time of
+    their kernels (no inclusive-time or FLOPs columns it cannot fill), the kernels apart, HTA's breakdown."""
+    import shutil
+
+    from rich.style import Style
+
+    from perfmon.analysis.profile_window import summarise_window
+    from perfmon.analysis.state import RunState
+    from perfmon.tui.widgets.ops import OpsInfo, OpsView
+
+    traces = tmp_path / "run" / "traces"
+    traces.mkdir(parents=True)
+    trace = traces / "a100_ddp_2rank_rank0.json.gz"
+    shutil.copy(Path(__file__).parent / "data" / "gpu-traces" / trace.name, trace)
+    state = RunState()
+    state.apply(summarise_window({"v": 1, "type": "profile", "step": 40, "active_steps": 3, "reason": "on demand",
+                                  "device": "cuda", "trace": str(trace), "t": 100.0}))
+    info = OpsInfo.from_state(state, 0, now=103.0)
+    assert info.columns == () and info.kernels and info.breakdown is not None
+    assert OpsInfo.from_state(state, 1).sort == "calls" and OpsInfo.from_state(state, 2).sort == "self time"
+    styles = dict.fromkeys(("label", "value", "name", "heading", "sort", "sorted", "capturing"), Style())
+    text = "\n".join(line.plain for line in OpsView(info, styles, 40).lines(120))
+    assert "op (device time of its kernels)" in text and "total ms" not in text and "FLOPs" not in text
+    assert "aten::convolution_backward" in text.split("kernel ")[0]  # the op table comes first
+    kernels = text.split("\nkernel")[1]
+    assert "ncclKernel_AllReduce" in kernels and "device ms" in kernels
+    assert "syncs/step 8.0 · device busy 22% · compute 17% · comm 25% · overlap 14%" in text

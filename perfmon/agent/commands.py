@@ -135,8 +135,8 @@ class Commands:
             if msg is None:
                 answer({"ok": False, "done": True, "message": "profiler window failed (see agent errors)"})
             else:
-                answer({"ok": True, "done": True, "message": f"profile ready: {len(msg['top_ops'])} top ops",
-                        "trace": msg["trace"]})
+                answer({"ok": True, "done": True, "trace": msg["trace"],
+                        "message": f"profile ready: {Path(msg['trace']).name if msg['trace'] else 'no trace written'}"})
 
         window = ProfilerWindow(self.run_dir / "traces", self.wait, self.warmup, self.active,
                                 lambda: self.agent.tracker.count, publish, self.agent.record_error, reason)
@@ -186,23 +186,11 @@ class Commands:
         answer({"ok": True, "done": True, "flops_per_step": flops, "message": f"FLOPs per step: {flops:,}"})
 
     def export(self) -> dict[str, Any]:
+        """The last window's trace file; the monitor writes the top-ops table from its analysis of it."""
         prof = self.last_profile
         if prof is None:
             return {"ok": False, "done": True, "message": "no profiler window yet: press p first"}
-        out = self.run_dir / "exports" / f"top-ops-step{prof['step']}.txt"
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            lines = [f"perfmon top ops, window at step {prof['step']} ({prof['active_steps']} active steps)",
-                     f"trace: {prof['trace']}", "",
-                     f"{'op':<48} {'calls':>7} {'self ms':>10} {'total ms':>10} {'share':>7} {'flops':>14}"]
-            for r in prof["top_ops"]:
-                lines.append(f"{r['name'][:48]:<48} {r['calls']:>7} {r['self_ms']:>10.3f} {r['total_ms']:>10.3f} "
-                             f"{r['share'] * 100:>6.1f}% {r['flops']:>14,}")
-            out.write_text("\n".join(lines) + "\n")
-        except OSError as exc:
-            return {"ok": False, "done": True, "message": f"export failed: {exc}"}
-        return {"ok": True, "done": True, "path": str(out), "trace": prof["trace"],
-                "message": f"exported {out} (trace {prof['trace']})"}
+        return {"ok": True, "done": True, "trace": prof["trace"], "message": f"trace {prof['trace']}"}
 
     def finish(self) -> None:
         """The job is ending: close any open window or FLOP counter cleanly."""

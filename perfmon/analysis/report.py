@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import ReplaySource
 from perfmon.protocol import ALL_PHASES
@@ -40,7 +41,7 @@ def load_recording(run_dir: Path) -> RunState:
         raise ReportError(f"{run_dir}: no recording (events.jsonl) in this directory")
     state = RunState()
     source = ReplaySource(run_dir)
-    for msg in source.messages():
+    for msg in summarised(source.messages()):  # windows analysed from their traces
         state.apply(msg)
     state.skipped += source.skipped
     if not state.meta:

@@ -33,7 +33,7 @@ Interval = tuple[float, float]
 # Launch overhead (Python + dispatcher + cudaLaunchKernel) is ~5-50 us per op: gaps shorter than this between
 # kernels are the GPU waiting for the next launch, longer ones are waiting on something else.
 SHORT_GAP_US = 50.0
-TOP_N = 10
+TOP_N = 30  # the ops view shows up to 30 rows of a window
 
 _COMM_RE = re.compile(r"^nccl.*Kernel")
 _MEMORY_RE = re.compile(r"(^Memcpy)|(^Memset)|(^dma)")
@@ -147,6 +147,7 @@ class TraceFacts:
     top_ops: tuple[Stat, ...]
     op_basis: OpBasis
     op_total_us: float
+    ops_total: int  # distinct ops (names) with time, before the cut to TOP_N
     gpu: DeviceFacts | None
 
     def _of_span(self, us: float | None) -> float | None:
@@ -287,6 +288,7 @@ def facts(ev: TraceEvents) -> TraceFacts:
         top_ops=_top(by_op, counts),
         op_basis=basis,
         op_total_us=sum(by_op.values()),
+        ops_total=len(by_op),
         gpu=gpu,
     )
 

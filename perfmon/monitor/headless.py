@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
 from perfmon.analysis.state import RunState
@@ -46,7 +47,7 @@ def follow(source: Source, state: RunState, lock: threading.Lock) -> threading.T
 
     def run() -> None:
         try:
-            for msg in source.messages():
+            for msg in summarised(source.messages()):  # windows analysed from their traces
                 with lock:
                     state.apply(msg)
         except OSError:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from textual.binding import Binding
 
+from perfmon.analysis.profile_window import export_text
 from perfmon.tui.shell import DETACHED, QUIT, STOPPED, DashboardShell
 from perfmon.tui.widgets.charts import SPANS
 from perfmon.tui.widgets.dialogs import DETACH, STOP, HelpScreen, QuitScreen
@@ -130,7 +133,11 @@ class PerfmonApp(DashboardShell):
             ops.info = OpsInfo.from_state(self.state, ops.sort_index, self.now())
 
     def action_command(self, name: str) -> None:
-        """p c f m e: a command to the agent; its results come back as toasts."""
+        """p c f m: a command to the agent; its results come back as toasts. e: written here, from the
+        monitor's analysis of the last window's trace (the job does not summarise its windows)."""
+        if name == "export":
+            self._export_window()
+            return
         cmd: dict[str, object] = {"name": name, "id": len(self.commands_sent) + 1}
         sent = False
         if self.source is not None and not self.job_ended:
@@ -146,6 +153,23 @@ class PerfmonApp(DashboardShell):
             self.action_view("ops")
         elif name == "count_flops":
             self.action_view("model")
+
+    def _export_window(self) -> None:
+        with self.lock:
+            prof = dict(self.state.profiles[-1]) if self.state.profiles else None
+        run_dir = self._output_dir()
+        if prof is None or not prof.get("top_ops"):
+            self.notify("no analysed profiler window yet: press p first", title="export", severity="warning")
+            return
+        if run_dir is None:
+            self.notify("no run directory to write to", title="export", severity="warning")
+            return
+        try:
+            out = export_text(prof, Path(run_dir))
+        except OSError as exc:
+            self.notify(f"export failed: {exc}", title="export", severity="error")
+            return
+        self.notify(f"exported {out}", title="export")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Keys of the dashboard do nothing under a dialog; s only sorts in the ops view."""

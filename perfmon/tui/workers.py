@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from textual.message import Message
 
+from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import Source
 from perfmon.tui.widgets.logpanel import MAX_LINES, OutputTail
@@ -70,7 +71,7 @@ def follow_source(source: Source, fold: Callable[[dict[str, Any]], None], post: 
     last_post = 0.0
     error: str | None = None
     try:
-        for msg in source.messages():
+        for msg in summarised(source.messages()):  # windows analysed from their traces
             fold(msg)
             now = time.monotonic()
             if now - last_post >= COALESCE_S:

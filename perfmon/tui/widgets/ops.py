@@ -63,21 +63,32 @@ class OpsInfo:
     trace: str | None
     capturing: str | None  # "started at step N" while a window is being captured
     windows: int
+    kernels: tuple[OpRow, ...] = ()  # a GPU window analysed from its trace: top kernels by device time
+    breakdown: dict[str, float | None] | None = None  # idle / compute / communication ... (HTA's definitions)
+    columns: tuple[str, ...] = ("total_ms", "flops")  # optional columns this window has
+    error: str | None = None  # the trace could not be analysed
 
     @classmethod
     def from_state(cls, state: RunState, sort_index: int = 0, now: float | None = None) -> OpsInfo:
         """Derive the panel from ``state`` (call with the state lock held)."""
-        label, key = SORTS[sort_index % len(SORTS)]
         capturing = None
         if state.profiling is not None:
             step = state.profiling.get("step")
             capturing = f"capturing a profiler window (from step {fmt.count(step)})…" if isinstance(step, int) else \
                 "capturing a profiler window…"
         if not state.profiles:
+            label = SORTS[sort_index % len(SORTS)][0]
             return cls((), label, None, None, None, None, None, None, None, None, None, capturing, 0)
         prof = state.profiles[-1]
-        rows = [OpRow.from_dict(op) for op in prof.get("top_ops") or () if isinstance(op, dict)]
+        ops = [op for op in prof.get("top_ops") or () if isinstance(op, dict)]
+        # windows analysed from their trace have no inclusive time or FLOPs per op: no such columns or sorts
+        columns = tuple(k for k in ("total_ms", "flops") if any(k in op for op in ops)) if ops else ("total_ms", "flops")
+        sorts = [s for s in SORTS if s[1] in ("self_ms", "calls", *columns)]
+        label, key = sorts[sort_index % len(sorts)]
+        rows = [OpRow.from_dict(op) for op in ops]
         rows.sort(key=lambda r: (getattr(r, key), r.self_ms), reverse=True)
+        kernels = tuple(OpRow.from_dict(k) for k in prof.get("top_kernels") or () if isinstance(k, dict))
+        breakdown = prof.get("breakdown") if isinstance(prof.get("breakdown"), dict) else None
         t = number(prof.get("t"))
         age = fmt.ago(max(0.0, now - t)) if t is not None and now is not None else None
         step, active, total = prof.get("step"), prof.get("active_steps"), prof.get("ops_total")
@@ -90,7 +101,8 @@ class OpsInfo:
             age=age, syncs=number(prof.get("syncs_per_step")), busy=number(prof.get("device_busy")),
             ops_total=total if isinstance(total, int) else None,
             trace=str(prof["trace"]) if prof.get("trace") else None,
-            capturing=capturing, windows=len(state.profiles),
+            capturing=capturing, windows=len(state.profiles), kernels=kernels, breakdown=breakdown,
+            columns=columns, error=str(prof["analysis_error"]) if prof.get("analysis_error") else None,
         )
 
 
@@ -124,10 +136,15 @@ class OpsView:
     def columns(self, width: int) -> tuple[list[tuple[str, str]], int, bool]:
         """(header, op key) of the number columns, the name width, whether shapes fit."""
         assert self.info is not None
-        cols = [("calls", "calls"), ("self ms", "self_ms"), ("total ms", "total_ms")]
-        if self.info.device == "cuda" and width >= 100:
-            cols.append(("cpu ms", "self_cpu_ms"))
-        cols += [("share", "share"), ("FLOPs", "flops")]
+        info = self.info
+        cols = [("calls", "calls"), ("self ms", "self_ms")]
+        if "total_ms" in info.columns:
+            cols.append(("total ms", "total_ms"))
+        if info.device == "cuda" and width >= 100 and "total_ms" in info.columns:
+            cols.append(("cpu ms", "self_cpu_ms"))  # summarised by the job (older recordings): CPU time too
+        cols.append(("share", "share"))
+        if "flops" in info.columns:
+            cols.append(("FLOPs", "flops"))
         nums = sum(WIDTHS[key] for _, key in cols)
         name_w = max(16, min(44, width - nums))
         shapes = width - name_w - nums - 2 >= SHAPES_MIN
@@ -138,7 +155,8 @@ class OpsView:
         assert info is not None
         cols, name_w, shapes = self.columns(width)
         sort_key = dict((label, key) for label, key in SORTS)[info.sort]
-        head = Text("op".ljust(name_w), st["heading"], no_wrap=True)
+        head = Text(("op (device time of its kernels)" if info.kernels else "op").ljust(name_w)[:name_w],
+                    st["heading"], no_wrap=True)
         for label, key in cols:
             mark = "▼" if key == sort_key else ""
             head.append((mark + label).rjust(WIDTHS[key]), st["sort"] if mark else st["heading"])
@@ -160,6 +178,17 @@ class OpsView:
             lines.append(line)
         if len(shown) < len(info.rows):
             lines.append(Text(f"… {len(info.rows) - len(shown)} more (taller terminal or another sort)", st["label"]))
+        room = rows_room - len(shown) - 1
+        if info.kernels and room >= 3:  # what ran on the GPU, each kernel once (not added to its op's time)
+            lines.append(Text("kernel".ljust(name_w) + "calls".rjust(WIDTHS["calls"]) + "device ms".rjust(
+                WIDTHS["self_ms"] + 2) + "share".rjust(WIDTHS["share"]), st["heading"], no_wrap=True))
+            for k in info.kernels[: room - 1]:
+                line = Text(no_wrap=True, overflow="ellipsis")
+                line.append((k.name if len(k.name) < name_w else k.name[: name_w - 2] + "…").ljust(name_w), st["name"])
+                line.append(fmt.count(k.calls).rjust(WIDTHS["calls"]), st["value"])
+                line.append(fmt.ms(k.self_ms).rjust(WIDTHS["self_ms"] + 2), st["value"])
+                line.append(fmt.share(k.share).rjust(WIDTHS["share"]), st["value"])
+                lines.append(line)
         return lines
 
     def footer(self) -> Text:
@@ -172,6 +201,10 @@ class OpsView:
             line.append("syncs/step ", st["label"]).append(fmt.num(info.syncs, digits=1), st["value"])
         line.append(" · device busy ", st["label"]).append(fmt.share(info.busy) if info.busy is not None else fmt.NA,
                                                             st["value"])
+        b = info.breakdown or {}
+        for label, key in (("compute", "compute"), ("comm", "communication"), ("overlap", "comm_compute_overlap")):
+            if isinstance(b.get(key), int | float):
+                line.append(f" · {label} ", st["label"]).append(fmt.share(b[key]), st["value"])
         if info.ops_total is not None:
             line.append(" · ", st["label"]).append(fmt.count(info.ops_total), st["value"]).append(" ops", st["label"])
         line.append(" · trace ", st["label"])
@@ -182,7 +215,9 @@ class OpsView:
         info = self.info
         lines = self.titles()
         if info is None or not info.rows:
-            if info is not None and info.step is not None:
+            if info is not None and info.error:
+                lines.append(Text(f"trace not analysed: {info.error}", self.styles["label"]))
+            elif info is not None and info.step is not None:
                 lines.append(Text("the window recorded no ops", self.styles["label"]))
             return lines
         room = max(1, self.height - len(lines) - 2)  # titles, column heads, footer
