@@ -92,8 +92,9 @@ class Commands:
         self.boundaries += 1
         memory = self.memory
         if (not self.pending and self.window is None and self.flops_mode is None
-                and (memory is None or not memory.recording) and not self._periodic_due()):
-            return
+                and (memory is None or not memory.recording)
+                and (self._next_every is None and self._next_time is None or not self._periodic_due())):
+            return  # nothing to do (every step passes here: no call in the common case)
         try:
             self._boundary_work()
         except Exception as exc:  # noqa: BLE001 - a command must never break training

@@ -29,7 +29,9 @@ Rules (README "What is measured, and how" says the same):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from perfmon.protocol import OUTSIDE_KINDS, PHASES
@@ -41,6 +43,9 @@ STEP = 2  # explicit perfmon.step()
 OPTIMIZER_CREATED = 3  # an optimizer exists: a backward does not end a step (gradient accumulation)
 BOUNDARY = 5  # the hooks committed a step boundary (Boundaries said so)
 END_BOUNDARY = 6  # END, then BOUNDARY: a phase ended and with it the step (one event, not two)
+
+#: The marks of a part or step without CUDA events (read-only, shared: no allocation per step).
+NO_MARKS: Mapping[str, list[tuple[Any, Any]]] = MappingProxyType({})
 
 #: Forward kinds in a ("forward", key, kind) BEGIN arg.
 GRAD, NOGRAD, COPY = 0, 1, 2
@@ -120,7 +125,7 @@ class Boundaries:
         return False
 
 
-@dataclass
+@dataclass(slots=True)
 class StepRecord:
     """One training step, times in seconds (host clock)."""
 
@@ -129,7 +134,7 @@ class StepRecord:
     end: float
     phases: dict[str, float]
     samples: int | None
-    marks: dict[str, list[tuple[Any, Any]]] = field(default_factory=dict)
+    marks: Mapping[str, list[tuple[Any, Any]]] = field(default_factory=dict)
     closures: int = 0  # backwards run inside the optimizer (LBFGS-style closure evaluations)
 
     @property
@@ -154,7 +159,14 @@ class _Part:
         self.acc = dict.fromkeys(PHASES, 0.0)
         self.samples = 0
         self.closures = 0
-        self.marks: dict[str, list[tuple[Any, Any]]] = {}
+        self.marks: Mapping[str, list[tuple[Any, Any]]] = NO_MARKS  # a dict once a CUDA mark arrives
+
+    def mark_list(self, phase: str) -> list[tuple[Any, Any]]:
+        """The CUDA event pairs of ``phase`` (host-only runs never allocate any)."""
+        marks = self.marks
+        if marks is NO_MARKS:
+            marks = self.marks = {}
+        return marks.setdefault(phase, [])  # type: ignore[union-attr]
 
     def absorb(self, other: _Part) -> None:
         for k, v in other.acc.items():
@@ -162,7 +174,7 @@ class _Part:
         self.samples += other.samples
         self.closures += other.closures
         for k, pairs in other.marks.items():
-            self.marks.setdefault(k, []).extend(pairs)
+            self.mark_list(k).extend(pairs)
         self.end, self.end_mark = other.end, other.end_mark
 
 
@@ -286,7 +298,7 @@ class StepTracker:
                 seg.end, seg.end_mark, seg.samples = t, mark, seg.samples + samples
             return
         if mark is not None and begin_mark is not None and phase in part.acc:
-            part.marks.setdefault(phase, []).append((begin_mark, mark))
+            part.mark_list(phase).append((begin_mark, mark))
         part.samples += samples
         if self.explicit:
             return
@@ -333,7 +345,7 @@ class StepTracker:
             if seg.kind in part.acc:
                 part.acc[seg.kind] += seg.end - seg.begin
                 if seg.mark is not None and seg.end_mark is not None:
-                    part.marks.setdefault(seg.kind, []).append((seg.mark, seg.end_mark))
+                    part.mark_list(seg.kind).append((seg.mark, seg.end_mark))
             part.samples += seg.samples
         self._segments = []
         self._training = True
@@ -384,5 +396,6 @@ class StepTracker:
         self.count += 1
         marks = part.marks  # the part is done with: its dicts become the record's
         if part.end_mark is not None and part.start_mark is not None:
-            marks["step"] = [(part.start_mark, part.end_mark)]
+            part.mark_list("step").append((part.start_mark, part.end_mark))
+            marks = part.marks
         return StepRecord(self.count, part.start, part.end, part.acc, part.samples or None, marks, part.closures)
