@@ -227,11 +227,12 @@ def test_a_gpu_we_do_not_use_is_0_when_nvml_sees_our_pid_on_another(monkeypatch)
 
 def test_an_older_recordings_0_is_shown_as_na():
     from perfmon import protocol
-    from perfmon.analysis.state import LEGACY_PROC_MEM_REASON, RunState
+    from perfmon.analysis.state import RunState
+    from perfmon.messages import LEGACY_PROC_MEM_REASON
 
     old = {k: v for k, v in h100_reading().items() if k != "proc_mem_reason"}
     old["proc_mem_bytes"] = 0
     state = RunState()
     state.apply(protocol.message("sample", t=1000.0, host={}, gpus=[old], cuda_mem=None))
-    assert state.gpus[0]["proc_mem_bytes"] is None and state.gpus[0]["proc_mem_reason"] == LEGACY_PROC_MEM_REASON
+    assert state.gpus[0].proc_mem_bytes is None and state.gpus[0].proc_mem_reason == LEGACY_PROC_MEM_REASON
     assert "this process 0" not in _device_text([old])

@@ -19,6 +19,7 @@ FORBIDDEN = {
     "agent": INSIDE_BANNED,
     "collectors": INSIDE_BANNED,
     "protocol.py": INSIDE_BANNED | {"torch"},
+    "messages": INSIDE_BANNED | {"torch"},  # the typed messages: stdlib only, any side may read them
     "paths.py": INSIDE_BANNED | {"torch"},
     "_api.py": INSIDE_BANNED | {"torch"},
     "auto.py": INSIDE_BANNED,

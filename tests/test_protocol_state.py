@@ -127,7 +127,7 @@ def test_a_bad_value_stops_its_message_but_the_rows_before_it_count():
     assert state.skipped == 1
     assert state.steps == 6 and state.totals["step"].hist.n == 5 == state.totals["data"].hist.n
     assert state.totals["step"].total_ms == pytest.approx(50.0)
-    assert [s["i"] for s in state.recent] == [1, 2, 3, 5, 6]
+    assert [s.i for s in state.recent] == [1, 2, 3, 5, 6]
 
 
 def test_only_the_last_rows_of_a_big_message_are_kept_as_recent_steps():
@@ -136,8 +136,8 @@ def test_only_the_last_rows_of_a_big_message_are_kept_as_recent_steps():
     state.apply(protocol.message("event", kind="window_started", what="profile", t=1000.0 + 1995 * 0.01, seq=2))
     state.apply(protocol.message("event", kind="window_stopped", what="profile", t=1000.0 + 1998 * 0.01, seq=3))
     state.apply(steps_msg([row(i, 1000.0 + i * 0.01) for i in range(1, 2001)], seq=4))
-    assert [s["i"] for s in state.recent] == list(range(1801, 2001))
-    assert [s["i"] for s in state.recent if s["windowed"]] == [1996, 1997, 1998]
+    assert [s.i for s in state.recent] == list(range(1801, 2001))
+    assert [s.i for s in state.recent if s.windowed] == [1996, 1997, 1998]
     # the profiled steps are left out of the phase statistics, and counted apart
     assert state.totals["forward"].hist.n == 1997 and state.windowed_steps == 3
     assert state.steps == 2000 and state.steps_folded == 2000 and state.samples_total == 32 * 2000
@@ -166,7 +166,7 @@ def test_device_times_replace_host_phase_times_when_present():
     fields = [*protocol.STEP_FIELDS, "dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"]
     state.apply(protocol.message("steps", fields=fields, rows=[[*row(1, 1000.0), 5.0, None, 1.0]], seq=1))
     step = state.recent[-1]
-    assert step["forward"] == 5.0 and step["backward"] == 3.0 and step["optimizer"] == 1.0
+    assert step.forward == 5.0 and step.backward == 3.0 and step.optimizer == 1.0
     assert state.device_timed
 
 

@@ -206,7 +206,7 @@ def test_an_attached_monitor_stops_the_job_like_ctrl_c(env, tmp_path):
         assert proc.wait(timeout=60) in (-signal.SIGINT, 1)
         out = proc.stdout.read().decode()
         assert "KeyboardInterrupt" in out
-        wait_until(lambda: any(r.get("name") == "stop" and r.get("ok") for r in st.command_results),
+        wait_until(lambda: any(r.name == "stop" and r.ok for r in st.command_results),
                    what="the stop answer")
     finally:
         if proc.poll() is None:

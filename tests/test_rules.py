@@ -225,8 +225,8 @@ def test_host_cpu_is_judged_over_the_samples_taken_while_stepping():
         seq += 2
     idle = {**busy, "system_cpu_percent": 12.0, "workers_cpu_percent": 3.0}
     state.apply(protocol.message("sample", seq=seq, t=t + 9, host=idle, gpus=[]))  # no step since
-    assert state.host["system_cpu_percent"] == 12.0
-    assert state.recent_host()["system_cpu_percent"] == 97.0
+    assert state.host.system_cpu_percent == 12.0
+    assert state.recent_host().system_cpu_percent == 97.0
     assert find(state, "loader-cpu-bound") is not None
 
 

@@ -124,18 +124,19 @@ async def test_device_one_gpu(tmp_path: Path) -> None:
         g, cm = app.state.gpus[0], app.state.cuda_mem
         text = screen_text(app)
         assert f"GPU0 {H100}" in text
-        assert f"util  {fmt.pct(g['util_gpu']):>4}" in text
-        assert f"{fmt.gib(g['mem_used_bytes'])}/79.6 GiB" in text
-        assert f"alloc {fmt.nbytes(cm['allocated_bytes'])}" in text and f"reserved {fmt.nbytes(cm['reserved_bytes'])}" in text
+        assert f"util  {fmt.pct(g.util_gpu):>4}" in text
+        assert f"{fmt.gib(g.mem_used_bytes)}/79.6 GiB" in text
+        assert f"alloc {fmt.nbytes(cm.allocated_bytes)}" in text
+        assert f"reserved {fmt.nbytes(cm.reserved_bytes)}" in text
         assert "peak alloc 52.1 GiB · reserved 54.4 GiB · retries 0 · OOMs 0" in text
-        assert f"power {g['power_w']:.0f}/700 W · temp {g['temp_c']}°C · SM 1980/1980 MHz" in text
+        assert f"power {g.power_w:.0f}/700 W · temp {g.temp_c}°C · SM 1980/1980 MHz" in text
         assert "PCIe  ↓3.4 GB/s" in text
         assert "throttled" not in text
         info = app.query_one(DevicePanel).info
         assert info.series == tuple(app.state.series["gpu_util"].values(60.0)) and len(info.series) > 30
         header = text.splitlines()[:4]
         assert f"pid 4242 · {H100}" in header[2]
-        assert header[3].startswith(f" GPU {fmt.pct(g['util_gpu'])} mem 47.6/79.6G")
+        assert header[3].startswith(f" GPU {fmt.pct(g.util_gpu)} mem 47.6/79.6G")
 
 
 async def test_device_several_gpus(tmp_path: Path) -> None:
@@ -147,11 +148,11 @@ async def test_device_several_gpus(tmp_path: Path) -> None:
         assert f"4× {H100}" in text and " 4 GPUs " in text
         assert re.search(r"#\s+name\s+util\s+memory GiB\s+power W\s+temp\s+SM MHz", text)
         for g in app.state.gpus:
-            row = re.search(rf"│ {g['index']}\s+H100 80GB HBM3\s+(\d+)%\s+\S+ ([\d.]+)/79.6\s+(\d+)/700\s+(\d+)°C\s+1980",
-                            text)
-            assert row, g["index"]
-            assert int(row[1]) == g["util_gpu"] and row[2] == fmt.gib(g["mem_used_bytes"])
-            assert int(row[3]) == round(g["power_w"]) and int(row[4]) == g["temp_c"]
+            row = re.search(rf"│ {g.index}\s+H100 80GB HBM3\s+(\d+)%\s+\S+ ([\d.]+)/79.6\s+"
+                            rf"(\d+)/700\s+(\d+)°C\s+1980", text)
+            assert row, g.index
+            assert int(row[1]) == g.util_gpu and row[2] == fmt.gib(g.mem_used_bytes)
+            assert int(row[3]) == round(g.power_w) and int(row[4]) == g.temp_c
         assert "allocator 4" in text and "allocated" in text
 
 
@@ -200,9 +201,10 @@ async def test_host_panel_cpu_run(tmp_path: Path) -> None:
         await pilot.press("2")
         h = app.state.host
         text = screen_text(app)
-        assert f"CPU   trainer {fmt.pct(h['cpu_percent']):>4}" in text
-        assert f"system {fmt.pct(h['system_cpu_percent'])} of 2 CPUs · load 2.16" in text
-        assert f"RSS   trainer {fmt.nbytes(h['rss_bytes'])} · peak {fmt.nbytes(app.state.peaks['rss_bytes'])} · threads 5" in text
+        assert f"CPU   trainer {fmt.pct(h.cpu_percent):>4}" in text
+        assert f"system {fmt.pct(h.system_cpu_percent)} of 2 CPUs · load 2.16" in text
+        peak = fmt.nbytes(app.state.peaks.rss_bytes)
+        assert f"RSS   trainer {fmt.nbytes(h.rss_bytes)} · peak {peak} · threads 5" in text
         assert "no DataLoader workers · read n/a" in text
         assert "1.31/23.5 GiB · avail 21.9 GiB · swap 0 B" in text
         assert app.query_one(HostPanel).info.series == tuple(app.state.series["cpu"].values(60.0))
@@ -215,7 +217,7 @@ async def test_host_panel_workers(tmp_path: Path) -> None:
         await pilot.press("2")
         h = app.state.host
         text = screen_text(app)
-        assert f"8 workers 9.80 GiB · CPU {fmt.pct(h['workers_cpu_percent'])} · read" in text
+        assert f"8 workers 9.80 GiB · CPU {fmt.pct(h.workers_cpu_percent)} · read" in text
         assert "of 32 CPUs" in text and "61.3/504 GiB" in text
 
 
@@ -230,12 +232,14 @@ async def test_model_with_budget(tmp_path: Path) -> None:
         assert "params   124M · trainable 124M · frozen 0 · float32 124M" in text
         assert "GPT2LMHeadModel · optimizer AdamW (fused, 148 tensors)" in text
         assert "static   1.85 GiB = params 475 MiB + grads 475 MiB + optimizer 949 MiB" in text
-        assert f"budget   peak 52.1 GiB · activations {fmt.nbytes(budget['activation_bytes'])}" in text
-        assert f"{fmt.nbytes(budget['per_sample_bytes'])}/sample" in text
-        assert f"batch 32 → the largest that fits ≈{budget['max_batch']} · margin {fmt.share(budget['margin'])}" in text
-        assert f"FLOPs    12.2T/step · achieved {fmt.flops_rate(flops['achieved_flops'])} · MFU {fmt.share(flops['mfu'])}" in text
+        assert f"budget   peak 52.1 GiB · activations {fmt.nbytes(budget.activation_bytes)}" in text
+        assert f"{fmt.nbytes(budget.per_sample_bytes)}/sample" in text
+        assert f"batch 32 → the largest that fits ≈{budget.max_batch} · margin {fmt.share(budget.margin)}" \
+            in text
+        achieved = fmt.flops_rate(flops.achieved_flops)
+        assert f"FLOPs    12.2T/step · achieved {achieved} · MFU {fmt.share(flops.mfu)}" in text
         assert "of peak 989 TFLOP/s (NVIDIA H100 80GB HBM3 dense bf16)" in text
-        assert f"MFU {fmt.share(flops['mfu'])}" in text.splitlines()[3]  # the vital signs
+        assert f"MFU {fmt.share(flops.mfu)}" in text.splitlines()[3]  # the vital signs
 
 
 async def test_window_peaks_in_device_and_budget(tmp_path: Path) -> None:
@@ -244,13 +248,13 @@ async def test_window_peaks_in_device_and_budget(tmp_path: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await loaded(pilot)
         await pilot.press("2")
-        last = app.state.cuda_mem["window_peak_allocated_bytes"]
+        last = app.state.cuda_mem.window_peak_allocated_bytes
         assert f"peak alloc 52.1 GiB (last window {fmt.nbytes(last)}) · reserved 54.4 GiB" in screen_text(app)
         await pilot.press("3")
         budget = app.state.memory_budget()
-        assert budget["peak_source"] == "steady state" and budget["peak_bytes"] == int(45.9 * GIB)
-        assert budget["activation_bytes"] == int(45.9 * GIB) - 16 * 124_439_808
-        assert f"budget   step peak {fmt.nbytes(budget['peak_bytes'])} · activations" in screen_text(app)
+        assert budget.peak_source == "steady state" and budget.peak_bytes == int(45.9 * GIB)
+        assert budget.activation_bytes == int(45.9 * GIB) - 16 * 124_439_808
+        assert f"budget   step peak {fmt.nbytes(budget.peak_bytes)} · activations" in screen_text(app)
 
 
 async def test_model_without_budget(tmp_path: Path) -> None:
@@ -451,16 +455,20 @@ async def test_command_keys_names_ids_and_failures(tmp_path: Path) -> None:
         await pilot.press("p", "c", "f", "m", "e")
         assert source.sent == [
             {"name": "profile", "id": 1}, {"name": "empty_cache", "id": 2}, {"name": "count_flops", "id": 3},
-            {"name": "memory_snapshot", "id": 4}, {"name": "export", "id": 5},
-        ]
+            {"name": "memory_snapshot", "id": 4},
+        ]  # e is the monitor's own: it writes the analysed window it holds, the job is not asked
         assert app.view == "model"  # f shows where the FLOPs will appear
+        exported = [t for t, _ in toasts(app) if t.startswith("exported ")]
+        assert len(exported) == 1
+        table = Path(exported[0].removeprefix("exported ")).read_text()
+        assert table.count("aten::") >= 3 and "window at step" in table
         source.reply("memory_snapshot", 4, ok=False, done=True, message="memory snapshot: n/a (no CUDA device)")
         await wait_until(pilot, lambda: ("memory snapshot: n/a (no CUDA device)", "error") in toasts(app))
         source.push(protocol.message("event", kind="command_result", ok=False, error="command 'x' is not allowed"))
         await wait_until(pilot, lambda: ("command 'x' is not allowed", "error") in toasts(app))
         source.connected = False
         await pilot.press("p")
-        assert len(source.sent) == 5
+        assert len(source.sent) == 4
         assert (NOT_CONNECTED, "warning") in toasts(app)
 
 

@@ -44,7 +44,11 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
     for opt in optimizers:
         opt_names.append(type(opt).__name__)
         d = getattr(opt, "defaults", {})
+        # foreach=None is torch's default: the foreach implementation where every parameter is on CUDA (and
+        # the optimizer is not differentiable), the per-tensor loop on CPU: say where the parameters are
+        devices = {p.device.type for g in opt.param_groups for p in g["params"] if hasattr(p, "device")}
         opt_flags.append({"name": type(opt).__name__, "fused": d.get("fused"), "foreach": d.get("foreach"),
+                          "differentiable": bool(d.get("differentiable")), "devices": sorted(devices),
                           "param_tensors": sum(len(g["params"]) for g in opt.param_groups)})
         for st in list(opt.state.values()):
             for v in list(st.values()) if isinstance(st, dict) else ():

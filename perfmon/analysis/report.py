@@ -44,7 +44,7 @@ def load_recording(run_dir: Path) -> RunState:
     for msg in summarised(source.messages()):  # windows analysed from their traces
         state.apply(msg)
     state.skipped += source.skipped
-    if not state.meta:
+    if not state.meta.received:
         newer = [e for e in source.reader.errors if "newer" in e]
         if newer:
             raise ReportError(f"{run_dir}: {newer[0]}; upgrade perfmon to read it")
@@ -76,10 +76,11 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
         rounded[top] = round(1.0 - sum(v for p, v in rounded.items() if p != top), 6)
     exit_info = state.exit
     meta = state.meta
+    flops = state.flops()
     return {
         "schema": SCHEMA,
-        "script": meta.get("script"),
-        "argv": list(meta.get("argv") or []),
+        "script": meta.script,
+        "argv": list(meta.argv),
         "exit_code": state.exit_status if exit_info is not None else None,
         "signal": exit_info.signal if exit_info else None,
         "exception": exit_info.exception if exit_info else None,
@@ -101,9 +102,9 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
         "outside_steps": _outside(state),
         "profiled_steps": state.windowed_steps,  # inside profiler/FLOP windows: left out of "phases" and "step_ms"
         "closures_per_step": _round(state.closures_per_step(), 3),
-        "run_dir": meta.get("run_dir"),
-        "pid": meta.get("pid"),
-        "start": meta.get("start"),
+        "run_dir": meta.run_dir,
+        "pid": meta.pid,
+        "start": meta.start,
         "device_timed": state.device_timed,
         "skipped_lines": state.skipped,
         "agent_errors": state.agent_errors,
@@ -116,8 +117,8 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
              "syncs_per_step": p.get("syncs_per_step"), "device_busy": p.get("device_busy"), "trace": p.get("trace")}
             for p in state.profiles
         ],
-        "flops_per_step": state.flops()["flops_per_step"],
-        "mfu": _round(state.flops()["mfu"], 4),
+        "flops_per_step": flops.flops_per_step,
+        "mfu": _round(flops.mfu, 4),
         "findings": [f.to_json() for f in findings],
     }
 
@@ -131,28 +132,27 @@ def _outside(state: RunState) -> dict[str, Any]:
 def _device(state: RunState) -> dict[str, Any] | None:
     if not state.gpus:
         return None
-    g = state.gpus[0]
-    cm = state.cuda_mem or {}
+    g, cm, peaks = state.gpus[0], state.cuda_mem, state.peaks
     return {
-        "name": g.get("name"), "count": len(state.gpus), "total_bytes": g.get("total_bytes"),
-        "peak_util": state.peaks.get("util_gpu"),
-        "peak_reserved_bytes": state.peaks.get("peak_reserved_bytes"),
-        "peak_allocated_bytes": state.peaks.get("peak_allocated_bytes"),
-        "peak_step_allocated_bytes": state.peaks.get("steady_peak_allocated_bytes"),
-        "alloc_retries": cm.get("alloc_retries"), "ooms": cm.get("ooms"),
-        "power_limit_w": g.get("power_limit_w"), "throttled": g.get("throttled") or [],
+        "name": g.name, "count": len(state.gpus), "total_bytes": g.total_bytes,
+        "peak_util": peaks.util_gpu,
+        "peak_reserved_bytes": peaks.reserved_bytes,
+        "peak_allocated_bytes": peaks.allocated_bytes,
+        "peak_step_allocated_bytes": peaks.steady_allocated_bytes,
+        "alloc_retries": cm.alloc_retries if cm else None, "ooms": cm.ooms if cm else None,
+        "power_limit_w": g.power_limit_w, "throttled": list(g.throttled),
     }
 
 
 def _host(state: RunState) -> dict[str, Any]:
-    host = state.host or {}
+    host = state.host
     return {
-        "peak_rss_bytes": state.peaks.get("rss_bytes"),
-        "peak_workers_rss_bytes": state.peaks.get("workers_rss_bytes"),
+        "peak_rss_bytes": state.peaks.rss_bytes,
+        "peak_workers_rss_bytes": state.peaks.workers_rss_bytes,
         "mean_cpu_percent": _round(state.mean_cpu_percent, 2),
-        "peak_cpu_percent": state.peaks.get("cpu_percent"),
-        "cpu_count": host.get("cpu_count"),
-        "mem_total_bytes": host.get("mem_total_bytes"),
+        "peak_cpu_percent": state.peaks.cpu_percent,
+        "cpu_count": host.cpu_count if host else None,
+        "mem_total_bytes": host.mem_total_bytes if host else None,
         "samples": state.samples_seen,
         "sampler_cpu_fraction": _round(state.sampler_cpu_s / (state.samples_seen * state.sample_interval), 6)
         if state.samples_seen else None,
@@ -165,11 +165,11 @@ def _model(state: RunState) -> dict[str, Any] | None:
     m = state.model
     budget = state.memory_budget()
     return {
-        "params": m.get("params"), "trainable": m.get("trainable"), "frozen": m.get("frozen"),
-        "by_dtype": m.get("by_dtype"), "param_bytes": m.get("param_bytes"),
-        "optimizer_bytes": m.get("optimizer_bytes"), "static_bytes": m.get("static_bytes"),
-        "per_sample_bytes": budget["per_sample_bytes"], "max_batch": budget["max_batch"],
-        "peak_source": budget["peak_source"], "memory_note": budget["reason"],
+        "params": m.params, "trainable": m.trainable, "frozen": m.frozen,
+        "by_dtype": dict(m.by_dtype) if m.by_dtype is not None else None, "param_bytes": m.param_bytes,
+        "optimizer_bytes": m.optimizer_bytes, "static_bytes": m.static_bytes,
+        "per_sample_bytes": budget.per_sample_bytes, "max_batch": budget.max_batch,
+        "peak_source": budget.peak_source, "memory_note": budget.reason,
     }
 
 

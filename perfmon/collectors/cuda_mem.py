@@ -66,4 +66,8 @@ class CudaMemorySampler:
             "alloc_retries": stats.get("num_alloc_retries", 0),
             "ooms": stats.get("num_ooms", 0),
             "fragmentation_bytes": max(0, reserved - allocated),
+            # free space inside blocks that also hold live tensors: what the allocator cannot hand out whole or
+            # release (its own measure of fragmentation); the peak is this window's, like the other peaks
+            "inactive_split_bytes": _get(stats, "inactive_split_bytes", "all", "current"),
+            "peak_inactive_split_bytes": _get(stats, "inactive_split_bytes", "all", "peak"),
         }

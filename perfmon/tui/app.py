@@ -71,7 +71,7 @@ class PerfmonApp(DashboardShell):
         if self.job_ended:
             self.finish(QUIT)
             return
-        pid = self.state.meta.get("pid") or (self.process.pid if self.process else "")
+        pid = self.state.meta.pid or (self.process.pid if self.process else "")
         can_stop = self.process is not None or self.mode.connected
         self.push_screen(QuitScreen(can_stop=can_stop, pid=str(pid), launched=self.process is not None),
                          self._quit_choice)

@@ -7,14 +7,16 @@ from typing import Any
 
 from textual.app import App
 
+from perfmon.messages import CommandResult
+
 
 class ResultFeed:
     """Picks the command results not yet shown out of the state's (bounded) list of them."""
 
     def __init__(self) -> None:
-        self._last: dict[str, Any] | None = None  # the newest result shown: by identity, as results repeat
+        self._last: CommandResult | None = None  # the newest result shown: by identity, as results repeat
 
-    def new(self, command_results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    def new(self, command_results: Iterable[CommandResult]) -> list[CommandResult]:
         """Results that came in since the last call (call with the state lock held)."""
         results = list(command_results)
         new = results
@@ -28,16 +30,16 @@ class ResultFeed:
         return new
 
 
-def toast(app: App[Any], result: dict[str, Any]) -> None:
+def toast(app: App[Any], result: CommandResult) -> None:
     """One command result as a toast; an error when the command failed.
 
     A profiler window's progress is drawn by the ops view itself (capture marker, then the table):
     its acknowledgement is not toasted, and its result only briefly, so no toast sits on the table.
     """
-    name = str(result.get("name") or "command")
-    text = str(result.get("message") or result.get("error") or f"{name}: done")
-    ok = result.get("ok") is not False
-    if name == "profile" and ok and result.get("done") is False:
+    name = result.name or "command"
+    text = result.message or result.error or f"{name}: done"
+    ok = result.ok is not False
+    if name == "profile" and ok and result.done is False:
         return
-    timeout = 2.5 if name == "profile" and ok else 5.0 if result.get("done") is False else 8.0
+    timeout = 2.5 if name == "profile" and ok else 5.0 if result.done is False else 8.0
     app.notify(text, title=name, severity="information" if ok else "error", timeout=timeout)

@@ -27,6 +27,7 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Footer
 
+from perfmon import messages
 from perfmon.analysis.rules import Config, Engine, evaluate_once
 from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import Source
@@ -212,7 +213,7 @@ class DashboardShell(App[None]):
 
     def _header_info(self) -> HeaderInfo:
         info = HeaderInfo.from_state(
-            self.state, self.mode.label(self.state.meta.get("start")),
+            self.state, self.mode.label(self.state.meta.start),
             stream_ended=self.stream_ended and self.process is None, now=self.now(),
             findings=self.findings, data_warn=self.engine.cfg.data_warn,
         )
@@ -298,10 +299,11 @@ class DashboardShell(App[None]):
         workers.follow_source(self.source, self._fold, self.post_message, self._bg_stop)
 
     def _fold(self, msg: dict[str, Any]) -> None:
-        """One message into the state (on the pump's thread)."""
+        """One message into the state (on the pump's thread; read before taking the lock)."""
+        parsed = messages.parse(msg)
         with self.lock:
-            self.state.apply(msg)
-            if msg.get("type") == "reset":  # replay restarted: findings start over too
+            self.state.apply(parsed)
+            if isinstance(parsed, messages.Reset):  # replay restarted: findings start over too
                 self.engine = Engine(self.engine.cfg)
             self._dirty = True
 
@@ -316,7 +318,7 @@ class DashboardShell(App[None]):
 
     def _output_dir(self) -> Any:
         """The run dir once known: given, from the source, or from the agent's hello."""
-        return self.run_dir or getattr(self.source, "run_dir", None) or self.state.meta.get("run_dir")
+        return self.run_dir or getattr(self.source, "run_dir", None) or self.state.meta.run_dir
 
     def _stop_background(self) -> None:
         self._bg_stop.set()

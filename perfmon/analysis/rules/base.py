@@ -8,7 +8,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from perfmon.analysis.state import RunState
+from perfmon.analysis import metrics
+from perfmon.analysis.metrics import MemoryBudget
+from perfmon.analysis.records import Step
+from perfmon.analysis.store import Store
+from perfmon.messages import CudaMem, GpuSample, HostSample, ModelInfo
 from perfmon.protocol import ALL_PHASES
 
 SEVERITIES = ("info", "warn", "critical")
@@ -96,30 +100,34 @@ class Config:
 
 @dataclass
 class Facts:
-    """What the rules read: the recent window past warm-up, and the whole run."""
+    """What the rules read, and all they read: the recent window past warm-up, and the whole run."""
 
-    state: RunState
-    steps: list[dict[str, float]]
+    steps: list[Step]
     shares: dict[str, float]
     step_ms: list[float]
     total_steps: int
     profile: dict[str, Any] | None
-    model: dict[str, Any]
-    gpus: list[dict[str, Any]]
-    cuda_mem: dict[str, Any] | None
-    host: dict[str, Any] | None
+    model: ModelInfo  # empty before the first model message
+    gpus: list[GpuSample]
+    cuda_mem: CudaMem | None
+    host: HostSample  # CPU use averaged over the samples taken while stepping; empty before the first
+    budget: MemoryBudget
+    rss_history: list[float]  # RSS readings past warm-up, oldest first
+    cuda_alloc_history: list[float]  # CUDA allocated memory, the same way
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_state(cls, state: RunState, cfg: Config) -> Facts:
+    def from_state(cls, state: Store, cfg: Config) -> Facts:
         # past warm-up, and outside profiler / FLOP-counter windows (those steps run slower)
-        steps = [s for s in state.recent if s["i"] > cfg.warmup_steps and not s.get("windowed")]
-        total = sum(s["dur"] for s in steps)
-        shares = {p: (sum(s[p] for s in steps) / total if total > 0 else 0.0) for p in ALL_PHASES}
+        steps = [s for s in state.recent if s.i > cfg.warmup_steps and not s.windowed]
+        total = sum(s.dur for s in steps)
+        shares = {p: (sum(s.ms(p) for s in steps) / total if total > 0 else 0.0) for p in ALL_PHASES}
         return cls(
-            state=state, steps=steps, shares=shares, step_ms=sorted(s["dur"] for s in steps),
+            steps=steps, shares=shares, step_ms=sorted(s.dur for s in steps),
             total_steps=state.steps, profile=state.profiles[-1] if state.profiles else None,
-            model=state.model or {}, gpus=state.gpus, cuda_mem=state.cuda_mem, host=state.recent_host(),
+            model=state.model or ModelInfo(), gpus=state.gpus, cuda_mem=state.cuda_mem,
+            host=metrics.recent_host(state) or HostSample(), budget=metrics.memory_budget(state),
+            rss_history=list(state.rss_samples), cuda_alloc_history=list(state.cuda_alloc_samples),
         )
 
     def quantile(self, q: float) -> float | None:

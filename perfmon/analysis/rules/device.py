@@ -10,9 +10,9 @@ def device_underused(f: Facts, cfg: Config) -> Finding | None:
     if not f.gpus or f.shares["data"] > cfg.data_warn:
         return None
     busy = (f.profile or {}).get("device_busy")
-    util = f.gpus[0].get("util_gpu")
+    util = f.gpus[0].util_gpu
     low_busy = busy is not None and busy < cfg.device_busy_min
-    low_util = isinstance(util, int | float) and util < cfg.nvml_util_min
+    low_util = util is not None and util < cfg.nvml_util_min
     if not low_busy and not low_util:
         return None
     what = f"busy {busy:.0%} of the profiled window" if low_busy else f"NVML utilization {util:.0f}%"
@@ -46,7 +46,7 @@ def no_mixed_precision(f: Facts, cfg: Config) -> Finding | None:
     prof = f.profile
     if not prof or prof.get("device") != "cuda" or not f.gpus:
         return None
-    by_dtype = f.model.get("by_dtype") or {}
+    by_dtype = f.model.by_dtype or {}
     if not by_dtype or max(by_dtype, key=by_dtype.get) != "float32":
         return None
     gemm = sum(op["share"] for op in prof.get("top_ops", [])
@@ -55,7 +55,7 @@ def no_mixed_precision(f: Facts, cfg: Config) -> Finding | None:
         return None
     return Finding(
         "no-mixed-precision", "warn", f"fp32 matrix multiplies take {gemm:.0%} of GPU time",
-        {"gemm_share": round(gemm, 4), "param_dtypes": by_dtype, "device": f.gpus[0].get("name")},
+        {"gemm_share": round(gemm, 4), "param_dtypes": by_dtype, "device": f.gpus[0].name},
         "Wrap forward and loss in torch.autocast('cuda', dtype=torch.bfloat16), or at least enable TF32: "
         "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')).",
         impact=gemm / 2,
@@ -65,15 +65,15 @@ def no_mixed_precision(f: Facts, cfg: Config) -> Finding | None:
 @rule("throttling", "NVML clock-event reasons: thermal or power capping, or power draw >= 98% of the limit")
 def throttling(f: Facts, cfg: Config) -> Finding | None:
     for g in f.gpus:
-        reasons = g.get("throttled") or []
-        power, limit = g.get("power_w"), g.get("power_limit_w")
+        reasons = list(g.throttled)
+        power, limit = g.power_w, g.power_limit_w
         at_limit = bool(power and limit and power >= 0.98 * limit)
         if reasons or at_limit:
             why = ", ".join(reasons) or "power at its limit"
             return Finding(
-                "throttling", "warn", f"GPU {g.get('index', 0)} is throttled ({why})",
-                {"reasons": reasons, "power_w": power, "power_limit_w": limit, "temp_c": g.get("temp_c"),
-                 "sm_clock_mhz": g.get("sm_clock_mhz"), "sm_clock_max_mhz": g.get("sm_clock_max_mhz")},
+                "throttling", "warn", f"GPU {g.index if g.index is not None else 0} is throttled ({why})",
+                {"reasons": reasons, "power_w": power, "power_limit_w": limit, "temp_c": g.temp_c,
+                 "sm_clock_mhz": g.sm_clock_mhz, "sm_clock_max_mhz": g.sm_clock_max_mhz},
                 "Check cooling and airflow (thermal), the power limit (nvidia-smi -q -d PERFORMANCE,POWER), and other jobs "
                 "sharing the node; clocks below max mean every kernel runs slower.",
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfmon.analysis.rules.base import REGISTRY, Config, Facts, Finding
-from perfmon.analysis.state import RunState
+from perfmon.analysis.store import Store
 
 
 def _run_all(facts: Facts, cfg: Config) -> dict[str, Finding]:
@@ -29,12 +29,13 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: f.rank, reverse=True)
 
 
-def evaluate_once(state: RunState, cfg: Config | None = None) -> list[Finding]:
+def evaluate_once(state: Store, cfg: Config | None = None) -> list[Finding]:
     """All rules that hold now, without hysteresis (reports over a finished recording)."""
     cfg = cfg or Config()
-    if len(Facts.from_state(state, cfg).steps) < cfg.min_steps and not state.profiles:
+    facts = Facts.from_state(state, cfg)
+    if len(facts.steps) < cfg.min_steps and facts.profile is None:
         return []
-    return _sorted(list(_run_all(Facts.from_state(state, cfg), cfg).values()))
+    return _sorted(list(_run_all(facts, cfg).values()))
 
 
 @dataclass
@@ -52,7 +53,7 @@ class Engine:
         self.cfg = cfg or Config()
         self._tracks: dict[str, _Track] = {}
 
-    def update(self, state: RunState) -> list[Finding]:
+    def update(self, state: Store) -> list[Finding]:
         """Evaluate once; returns the findings that just became active."""
         facts = Facts.from_state(state, self.cfg)
         if len(facts.steps) < self.cfg.min_steps:

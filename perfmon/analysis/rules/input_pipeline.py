@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
+from perfmon.messages import LoaderSettings, as_sent
 
 
-def _loader(f: Facts) -> dict | None:
-    loaders = f.model.get("loaders") or []
+def _loader(f: Facts) -> LoaderSettings | None:
+    loaders = f.model.loaders
     return loaders[-1] if loaders else None
 
 
@@ -16,26 +17,26 @@ def input_bound(f: Facts, cfg: Config) -> Finding | None:
     if share <= cfg.data_warn:
         return None
     loader = _loader(f)
-    cpus = (f.host or {}).get("cpu_count") or 1
+    cpus = f.host.cpu_count or 1
     steps = []
     if loader:
-        nw = loader["num_workers"]
+        nw = loader.num_workers
         if nw < cpus:
             steps.append(f"raise DataLoader(num_workers={nw}) towards {min(cpus, max(2 * nw, 4))} (this host has {cpus} CPUs)")
-        if not loader["pin_memory"] and f.gpus:
+        if not loader.pin_memory and f.gpus:
             steps.append("set pin_memory=True so host-to-device copies overlap")
-        if nw and not loader["persistent_workers"]:
+        if nw and not loader.persistent_workers:
             steps.append("set persistent_workers=True to keep workers across epochs")
         if nw:
-            steps.append(f"raise prefetch_factor (now {loader['prefetch_factor']}) so batches are ready ahead")
+            steps.append(f"raise prefetch_factor (now {loader.prefetch_factor}) so batches are ready ahead")
     else:
         steps.append("load data in a DataLoader with num_workers > 0, pin_memory=True, persistent_workers=True")
     steps.append("move decoding/augmentation out of the hot path (pre-process once, cache, or do it on the GPU)")
     return Finding(
         "input-bound", "critical" if share > cfg.data_critical else "warn",
         f"Input-bound: {share:.0%} of each step waits for data",
-        {"data_share": round(share, 4), "data_ms_mean": round(sum(s["data"] for s in f.steps) / len(f.steps), 3),
-         "loader": loader},
+        {"data_share": round(share, 4), "data_ms_mean": round(sum(s.data for s in f.steps) / len(f.steps), 3),
+         "loader": as_sent(loader) if loader else None},
         "; ".join(steps) + ".", impact=share,
     )
 
@@ -44,14 +45,14 @@ def input_bound(f: Facts, cfg: Config) -> Finding | None:
 def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["data"]
     loader = _loader(f)
-    host = f.host or {}
-    if share <= cfg.data_warn or not loader or not loader["num_workers"]:
+    host = f.host
+    if share <= cfg.data_warn or not loader or not loader.num_workers:
         return None
-    nw = loader["num_workers"]
-    cpus = host.get("cpu_count") or 1
-    workers_cpu = host.get("workers_cpu_percent") or 0.0
+    nw = loader.num_workers
+    cpus = host.cpu_count or 1
+    workers_cpu = host.workers_cpu_percent or 0.0
     per_worker = workers_cpu / nw / 100.0
-    system = (host.get("system_cpu_percent") or 0.0) / 100.0
+    system = (host.system_cpu_percent or 0.0) / 100.0
     workers_frac = workers_cpu / (100.0 * cpus)
     # The workers themselves must be what fills the CPUs: a busy host with idle workers is not this finding.
     if workers_frac >= cfg.loader_cpu_saturated or (system >= cfg.loader_cpu_saturated and workers_frac >= 0.5 * system):

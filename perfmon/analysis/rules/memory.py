@@ -10,21 +10,21 @@ GIB = 1 << 30
 @rule("memory-pressure", "peak reserved > 90% of device memory; allocation retries or OOMs: critical")
 def memory_pressure(f: Facts, cfg: Config) -> Finding | None:
     cm, gpus = f.cuda_mem, f.gpus
-    if not cm or not gpus or not gpus[0].get("total_bytes"):
+    if cm is None or not gpus or not gpus[0].total_bytes:
         return None
-    total = gpus[0]["total_bytes"]
-    peak = cm.get("peak_reserved_bytes") or 0
-    retries, ooms = cm.get("alloc_retries") or 0, cm.get("ooms") or 0
+    total = gpus[0].total_bytes
+    peak = cm.peak_reserved_bytes or 0
+    retries, ooms = cm.alloc_retries or 0, cm.ooms or 0
     frac = peak / total
     if frac <= cfg.memory_pressure and not retries and not ooms:
         return None
-    budget = f.state.memory_budget()
-    fits = f" The largest batch that fits is about {budget['max_batch']}." if budget.get("max_batch") else ""
+    budget = f.budget
+    fits = f" The largest batch that fits is about {budget.max_batch}." if budget.max_batch else ""
     return Finding(
         "memory-pressure", "critical" if retries or ooms else "warn",
         f"Memory pressure: peak reserved {frac:.0%} of {total / GIB:.0f} GiB" + (f", {retries} allocation retries" if retries else ""),
         {"peak_reserved_bytes": peak, "total_bytes": total, "alloc_retries": retries, "ooms": ooms,
-         "per_sample_bytes": budget.get("per_sample_bytes"), "max_batch": budget.get("max_batch")},
+         "per_sample_bytes": budget.per_sample_bytes, "max_batch": budget.max_batch},
         "Use bf16 autocast (halves activations), activation checkpointing (torch.utils.checkpoint), or a smaller "
         "micro-batch with gradient accumulation to keep the effective batch." + fits,
     )
@@ -33,9 +33,9 @@ def memory_pressure(f: Facts, cfg: Config) -> Finding | None:
 @rule("fragmentation", "reserved >= 2x allocated and reserved - allocated > 1 GiB")
 def fragmentation(f: Facts, cfg: Config) -> Finding | None:
     cm = f.cuda_mem
-    if not cm:
+    if cm is None:
         return None
-    reserved, allocated = cm.get("reserved_bytes") or 0, cm.get("allocated_bytes") or 0
+    reserved, allocated = cm.reserved_bytes or 0, cm.allocated_bytes or 0
     if reserved - allocated < cfg.fragmentation_min_bytes or reserved < cfg.fragmentation_ratio * max(allocated, 1):
         return None
     return Finding(
@@ -65,8 +65,8 @@ def _creep(values: list[float], cfg: Config) -> tuple[float, float] | None:
 
 @rule("memory-creep", "RSS or CUDA allocated memory up > 10% and > 100 MiB, rising steadily over >= 20 samples")
 def memory_creep(f: Facts, cfg: Config) -> Finding | None:
-    for key, label in (("cuda_alloc", "GPU allocated memory"), ("rss", "process RSS")):
-        values = list(f.state.memory_samples[key])
+    for key, label, values in (("cuda_alloc", "GPU allocated memory", f.cuda_alloc_history),
+                               ("rss", "process RSS", f.rss_history)):
         found = _creep(values, cfg)
         if found:
             growth, grown = found

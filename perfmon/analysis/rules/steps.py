@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
+from perfmon.messages import as_sent
 
 PHASE_ADVICE = {
     "data": "the input pipeline (see input-bound)",
@@ -32,14 +33,14 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
     p50, p99 = f.quantile(0.5), f.quantile(0.99)
     if not p50 or p99 is None:
         return None
-    spikes = [s["i"] for s in f.steps if s["dur"] > cfg.spike_ratio * p50]
+    spikes = [s.i for s in f.steps if s.dur > cfg.spike_ratio * p50]
     period = None
     if len(spikes) >= 3:
         gaps = {b - a for a, b in zip(spikes, spikes[1:], strict=False)}
         if len(gaps) == 1 and min(gaps) >= 2:  # consecutive slow steps are not a period
             period = gaps.pop()
     ratio = p99 / p50
-    excess = sum(max(0.0, s["dur"] - p50) for s in f.steps) / max(1e-9, sum(s["dur"] for s in f.steps))
+    excess = sum(max(0.0, s.dur - p50) for s in f.steps) / max(1e-9, sum(s.dur for s in f.steps))
     if (ratio <= cfg.instability_ratio and not period) or excess < cfg.instability_min_excess:
         return None
     what = f"every {period} steps" if period else f"p99 is {ratio:.1f}x p50"
@@ -56,15 +57,14 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
 @rule("slow-optimizer", "optimizer share > 25% with a non-fused, non-foreach implementation over >= 10 tensors")
 def slow_optimizer(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["optimizer"]
-    flags = f.model.get("optimizer_flags") or []
-    slow = [o for o in flags if not o.get("fused") and o.get("foreach") is not True
-            and (o.get("param_tensors") or 0) >= cfg.optimizer_min_tensors]
+    slow = [o for o in f.model.optimizer_flags if not o.fused and o.foreach is not True
+            and (o.param_tensors or 0) >= cfg.optimizer_min_tensors]
     if share <= cfg.optimizer_share or not slow:
         return None
-    name = slow[0]["name"]
+    name = slow[0].name
     return Finding(
         "slow-optimizer", "warn", f"Optimizer step takes {share:.0%} of each step ({name}, per-tensor loop)",
-        {"optimizer_share": round(share, 4), "optimizers": slow},
+        {"optimizer_share": round(share, 4), "optimizers": [as_sent(o) for o in slow]},
         f"Construct the optimizer with fused=True (CUDA) or foreach=True: torch.optim.{name}(params, ..., "
         "foreach=True) applies the update to all tensors at once instead of one small kernel per tensor.",
         impact=share,

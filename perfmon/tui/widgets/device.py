@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
@@ -12,6 +11,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 
+from perfmon import messages
 from perfmon.analysis.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.charts import LABEL_W, SPANS, span_words, spark, stacked_bar
@@ -41,22 +41,20 @@ class GpuRow:
     proc_reason: str | None = None  # why ``proc`` (this process's memory on the GPU) is n/a
 
     @classmethod
-    def from_dict(cls, g: dict[str, Any]) -> GpuRow:
-        index = g.get("index")
-        throttled = g.get("throttled")
-        proc = number(g.get("proc_mem_bytes"))
+    def from_sample(cls, g: messages.GpuSample) -> GpuRow:
+        proc = number(g.proc_mem_bytes)
         return cls(
-            index=index if isinstance(index, int) else None,
-            name=str(g.get("name") or "GPU"),
-            util=number(g.get("util_gpu")), util_mem=number(g.get("util_mem")),
-            used=number(g.get("mem_used_bytes")), total=number(g.get("total_bytes")),
+            index=g.index,
+            name=g.name or "GPU",
+            util=number(g.util_gpu), util_mem=number(g.util_mem),
+            used=number(g.mem_used_bytes), total=number(g.total_bytes),
             proc=proc,
-            power=number(g.get("power_w")), power_limit=number(g.get("power_limit_w")),
-            temp=number(g.get("temp_c")),
-            clock=number(g.get("sm_clock_mhz")), clock_max=number(g.get("sm_clock_max_mhz")),
-            throttled=tuple(str(r) for r in throttled) if isinstance(throttled, list | tuple) else (),
-            pcie_tx=number(g.get("pcie_tx_kbs")), pcie_rx=number(g.get("pcie_rx_kbs")),
-            proc_reason=str(g["proc_mem_reason"]) if g.get("proc_mem_reason") and proc is None else None,
+            power=number(g.power_w), power_limit=number(g.power_limit_w),
+            temp=number(g.temp_c),
+            clock=number(g.sm_clock_mhz), clock_max=number(g.sm_clock_max_mhz),
+            throttled=g.throttled,
+            pcie_tx=number(g.pcie_tx_kbs), pcie_rx=number(g.pcie_rx_kbs),
+            proc_reason=g.proc_mem_reason if g.proc_mem_reason and proc is None else None,
         )
 
     @property
@@ -82,11 +80,13 @@ class CudaMem:
     window_peak: Num = None  # peak allocated in the last sample window (None with --no-window-peaks)
 
     @classmethod
-    def from_dict(cls, m: dict[str, Any]) -> CudaMem:
-        return cls(*(number(m.get(k)) for k in (
-            "allocated_bytes", "reserved_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
-            "alloc_retries", "ooms", "fragmentation_bytes", "window_peak_allocated_bytes",
-        )))
+    def from_sample(cls, m: messages.CudaMem) -> CudaMem:
+        return cls(
+            allocated=number(m.allocated_bytes), reserved=number(m.reserved_bytes),
+            peak_allocated=number(m.peak_allocated_bytes), peak_reserved=number(m.peak_reserved_bytes),
+            retries=number(m.alloc_retries), ooms=number(m.ooms), fragmentation=number(m.fragmentation_bytes),
+            window_peak=number(m.window_peak_allocated_bytes),
+        )
 
 
 @dataclass(frozen=True)
@@ -103,13 +103,13 @@ class DeviceInfo:
     def from_state(cls, state: RunState, span_index: int = 0) -> DeviceInfo:
         """Derive the panel from ``state`` (call with the state lock held)."""
         label, seconds = SPANS[span_index % len(SPANS)]
-        gpus = tuple(GpuRow.from_dict(g) for g in state.gpus)
+        gpus = tuple(GpuRow.from_sample(g) for g in state.gpus)
         no_gpu = None
-        if not gpus and (state.samples_seen or "gpu_reason" in state.meta or state.meta.get("cuda") is False):
-            no_gpu = str(state.meta.get("gpu_reason") or "none reported")
+        if not gpus and (state.samples_seen or state.meta.gpus_probed or state.meta.cuda is False):
+            no_gpu = state.meta.gpu_reason or "none reported"
         return cls(
             gpus=gpus,
-            cuda=CudaMem.from_dict(state.cuda_mem) if state.cuda_mem else None,
+            cuda=CudaMem.from_sample(state.cuda_mem) if state.cuda_mem else None,
             series=tuple(state.series["gpu_util"].values(seconds)) if gpus else (),
             span=label,
             no_gpu=no_gpu,

@@ -40,20 +40,20 @@ def vitals(state: RunState, data_warn: float = Config.data_warn) -> Pieces:
     gpus = state.gpus
     power: list[tuple[str, str]] = []  # last: the first to go on a narrow terminal
     if gpus:
-        utils = [u for u in (_n(g.get("util_gpu")) for g in gpus) if u is not None]
-        used = [u for u in (_n(g.get("mem_used_bytes")) for g in gpus) if u is not None]
-        total = [u for u in (_n(g.get("total_bytes")) for g in gpus) if u is not None]
+        utils = [u for u in (_n(g.util_gpu) for g in gpus) if u is not None]
+        used = [u for u in (_n(g.mem_used_bytes) for g in gpus) if u is not None]
+        total = [u for u in (_n(g.total_bytes) for g in gpus) if u is not None]
         label = "GPU " if len(gpus) == 1 else f"{len(gpus)} GPUs "
         out += [(label, "label"), (fmt.pct(sum(utils) / len(utils)) if utils else fmt.NA, "value"),
                 (" mem ", "label"),
                 (f"{fmt.gib(sum(used)) if used else fmt.NA}/{fmt.gib(sum(total)) if total else fmt.NA}G", "value")]
         g0 = gpus[0]
-        if any(g.get("throttled") for g in gpus):
+        if any(g.throttled for g in gpus):
             out.append((" ⚠ throttled", "warn"))
-        watts, temp = _n(g0.get("power_w")), _n(g0.get("temp_c"))
+        watts, temp = _n(g0.power_w), _n(g0.temp_c)
         if len(gpus) == 1 and (watts is not None or temp is not None):
             power = [("", ""), (fmt.num(watts, "W"), "value"), (" ", "label"), (fmt.num(temp, "°C"), "value")]
-    elif state.samples_seen or "gpu_reason" in state.meta:
+    elif state.samples_seen or state.meta.gpus_probed:
         out.append(("no GPU", "cpu"))
     stats = state.phase_stats(recent=True)
     data = stats.get("data", {}).get("share")
@@ -61,17 +61,17 @@ def vitals(state: RunState, data_warn: float = Config.data_warn) -> Pieces:
         sep()
         out += [("data ", "label"), (fmt.share(data), "warn" if data > data_warn else "value")]
     flops = state.flops()
-    if flops.get("mfu") is not None:
+    if flops.mfu is not None:
         sep()
-        out += [("MFU ", "label"), (fmt.share(flops["mfu"]), "value")]
-    elif flops.get("achieved_flops"):
+        out += [("MFU ", "label"), (fmt.share(flops.mfu), "value")]
+    elif flops.achieved_flops:
         sep()
-        out += [(fmt.flops_rate(flops["achieved_flops"]), "value")]
-    host = state.host or {}
-    if host:
+        out += [(fmt.flops_rate(flops.achieved_flops), "value")]
+    host = state.host
+    if host is not None:
         sep()
-        out += [("CPU ", "label"), (fmt.pct(_n(host.get("cpu_percent"))), "value"),
-                (" RSS ", "label"), (fmt.nbytes(_n(host.get("rss_bytes")), short=True), "value")]
+        out += [("CPU ", "label"), (fmt.pct(_n(host.cpu_percent)), "value"),
+                (" RSS ", "label"), (fmt.nbytes(_n(host.rss_bytes), short=True), "value")]
     if power:
         sep()
         out += power[1:]
@@ -105,11 +105,10 @@ class HeaderInfo:
     ) -> HeaderInfo:
         """Derive the header from ``state`` (call with the state lock held)."""
         meta = state.meta
-        argv = meta.get("argv")
-        if isinstance(argv, list) and argv:
-            command = shlex.join(str(a) for a in argv)
+        if meta.argv:
+            command = shlex.join(meta.argv)
         else:
-            command = str(meta.get("script") or "(waiting for the job…)")
+            command = meta.script or "(waiting for the job…)"
         status, kind = state.status, "running"
         if state.exit is not None:
             if status == "exited 0":
@@ -123,22 +122,20 @@ class HeaderInfo:
         if state.exit is None and stream_ended and state.last_end is not None:
             now = state.last_end  # a finished stream without exit: stop the clock at the last step
         elapsed = state.elapsed(now if now is not None else time.time())
-        cuda = meta.get("cuda")
-        known_gpus = [g for g in meta.get("gpus") or state.gpus if isinstance(g, dict)]
-        cpu_only = cuda is False or (cuda is not True and not known_gpus and "gpu_reason" in meta)
+        cuda = meta.cuda
+        known_gpus = meta.gpus or state.gpus
+        cpu_only = cuda is False or (cuda is not True and not known_gpus and meta.gpus_probed)
         if cpu_only:
             device = CPU_ONLY
         elif cuda or known_gpus:
-            name = str(meta.get("gpu") or (known_gpus[0].get("name") if known_gpus else None) or "CUDA")
+            name = meta.gpu or (known_gpus[0].name if known_gpus else None) or "CUDA"
             device = f"{len(known_gpus)}× {name}" if len(known_gpus) > 1 else name
         else:
             device = ""
-        versions = {**meta, "python": meta.get("python_version") or meta.get("python")}  # the hello's python is a path
-        details = " · ".join(
-            f"{label} {versions[key]}" for key, label in (("host", "host"), ("python", "python"), ("torch", "torch"))
-            if versions.get(key)
-        )
-        pid = meta.get("pid")
+        python = meta.python_version or meta.python  # the hello's python is a path
+        details = " · ".join(f"{label} {value}" for label, value in (
+            ("host", meta.host), ("python", python), ("torch", meta.torch)) if value)
+        pid = meta.pid
         badge, badge_kind = findings.badge if findings is not None else ("", "")
         return cls(
             command=command,

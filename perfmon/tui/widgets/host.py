@@ -11,23 +11,18 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from perfmon.analysis.state import RunState
+from perfmon.messages import HostSample
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.charts import LABEL_W, SPANS, span_words, spark, stacked_bar
 from perfmon.tui.widgets.fmt import Num, number
 from perfmon.tui.widgets.styled import LinesPanel
-
-KEYS = (
-    "cpu_percent", "rss_bytes", "threads", "workers", "workers_cpu_percent", "workers_rss_bytes",
-    "system_cpu_percent", "cpu_count", "mem_used_bytes", "mem_total_bytes", "mem_available_bytes",
-    "swap_used_bytes", "load1", "io_read_bps",
-)
 
 
 @dataclass(frozen=True)
 class HostInfo:
     """What the panel shows; equal values mean nothing to redraw."""
 
-    values: tuple[Num, ...]  # in KEYS order
+    host: HostSample
     series: tuple[float, ...]
     span: str
     peak_rss: Num
@@ -35,18 +30,15 @@ class HostInfo:
     @classmethod
     def from_state(cls, state: RunState, span_index: int = 0) -> HostInfo | None:
         """Derive the panel from ``state`` (call with the state lock held); None before the first sample."""
-        if not state.host:
+        if state.host is None:
             return None
         label, seconds = SPANS[span_index % len(SPANS)]
         return cls(
-            values=tuple(number(state.host.get(k)) for k in KEYS),
+            host=state.host,
             series=tuple(state.series["cpu"].values(seconds)),
             span=label,
-            peak_rss=number(state.peaks.get("rss_bytes")),
+            peak_rss=number(state.peaks.rss_bytes),
         )
-
-    def get(self, key: str) -> Num:
-        return self.values[KEYS.index(key)]
 
 
 class HostView:
@@ -60,10 +52,10 @@ class HostView:
         st, info = self.styles, self.info
         if info is None:
             return [Text("waiting for host telemetry…", st["label"])]
-        g = info.get
-        cpus = g("cpu_count")
+        h = info.host
+        cpus = h.cpu_count
         cpu = Text("CPU".ljust(LABEL_W), st["label"], no_wrap=True)
-        cpu.append("trainer ", st["label"]).append(fmt.pct(g("cpu_percent")).rjust(4), st["value"]).append("  ")
+        cpu.append("trainer ", st["label"]).append(fmt.pct(h.cpu_percent).rjust(4), st["value"]).append("  ")
         suffix = f"  {span_words(info.span)}"
         room = width - cpu.cell_len - len(suffix)
         if room >= 8:
@@ -71,29 +63,31 @@ class HostView:
             cpu.append(spark(info.series, room, 0.0, hi) if info.series else "·" * room, st["chart"])
             cpu.append(suffix, st["span"])
         system = Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
-        system.append("system ", st["label"]).append(fmt.pct(g("system_cpu_percent")), st["value"])
-        system.append(f" of {fmt.num(cpus)} CPUs · load ", st["label"]).append(fmt.num(g("load1"), digits=2), st["value"])
+        system.append("system ", st["label"]).append(fmt.pct(h.system_cpu_percent), st["value"])
+        system.append(f" of {fmt.num(cpus)} CPUs · load ", st["label"])
+        system.append(fmt.num(h.load1, digits=2), st["value"])
         rss = Text("RSS".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
-        rss.append("trainer ", st["label"]).append(fmt.nbytes(g("rss_bytes")), st["value"])
+        rss.append("trainer ", st["label"]).append(fmt.nbytes(h.rss_bytes), st["value"])
         rss.append(" · peak ", st["label"]).append(fmt.nbytes(info.peak_rss), st["value"])
-        rss.append(" · threads ", st["label"]).append(fmt.num(g("threads")), st["value"])
-        workers = g("workers")
+        rss.append(" · threads ", st["label"]).append(fmt.num(h.threads), st["value"])
+        workers = h.workers
         loader = Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
         if workers:
-            loader.append(f"{workers:.0f} workers ", st["label"]).append(fmt.nbytes(g("workers_rss_bytes")), st["value"])
-            loader.append(" · CPU ", st["label"]).append(fmt.pct(g("workers_cpu_percent")), st["value"])
+            loader.append(f"{workers:.0f} workers ", st["label"])
+            loader.append(fmt.nbytes(h.workers_rss_bytes), st["value"])
+            loader.append(" · CPU ", st["label"]).append(fmt.pct(h.workers_cpu_percent), st["value"])
         else:
             loader.append("no DataLoader workers" if workers == 0 else "workers n/a", st["label"])
-        loader.append(" · read ", st["label"]).append(rate_bytes(g("io_read_bps")), st["value"])
-        used, total, avail = g("mem_used_bytes"), g("mem_total_bytes"), g("mem_available_bytes")
+        loader.append(" · read ", st["label"]).append(rate_bytes(h.io_read_bps), st["value"])
+        used, total, avail = number(h.mem_used_bytes), number(h.mem_total_bytes), h.mem_available_bytes
         ram = Text("RAM".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
         tail = Text(no_wrap=True)
         tail.append(f" {fmt.gib(used)}/{fmt.gib(total)} GiB", st["value"])
         tail.append(" · avail ", st["label"]).append(fmt.nbytes(avail), st["value"])
-        tail.append(" · swap ", st["label"]).append(fmt.nbytes(g("swap_used_bytes")), st["value"])
+        tail.append(" · swap ", st["label"]).append(fmt.nbytes(h.swap_used_bytes), st["value"])
         bar_w = max(0, min(24, width - LABEL_W - tail.cell_len))
         if total and used is not None and bar_w >= 6:
-            trainer = min(used, (g("rss_bytes") or 0) + (g("workers_rss_bytes") or 0))
+            trainer = min(used, (number(h.rss_bytes) or 0) + (number(h.workers_rss_bytes) or 0))
             parts = [("trainer", trainer), ("used", max(0.0, used - trainer)), ("free", max(0.0, total - used))]
             for key, n in stacked_bar(parts, bar_w):
                 ram.append({"trainer": "█", "used": "▒", "free": "░"}[key] * n, st[key])

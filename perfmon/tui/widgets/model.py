@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
@@ -12,6 +11,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 
+from perfmon import messages
 from perfmon.analysis.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.charts import stacked_bar
@@ -24,25 +24,23 @@ BUDGET_KEYS = ("static_bytes", "peak_bytes", "activation_bytes", "per_sample_byt
 FLOP_KEYS = ("flops_per_step", "achieved_flops", "peak_tflops", "mfu")
 
 
-def _opt(flags: Any, name: str) -> str:
-    for f in flags if isinstance(flags, list) else ():
-        if isinstance(f, dict) and f.get("name") == name:
-            mode = "fused" if f.get("fused") else "foreach" if f.get("foreach") else None
-            tensors = f.get("param_tensors")
+def _opt(flags: tuple[messages.OptimizerFlags, ...], name: str) -> str:
+    for f in flags:
+        if f.name == name:
+            mode = "fused" if f.fused else "foreach" if f.foreach else None
+            tensors = f.param_tensors
             extra = ", ".join(x for x in (mode, f"{tensors} tensors" if tensors else None) if x)
             return f"{name} ({extra})" if extra else name
     return name
 
 
-def _loader(loader: Any) -> str:
-    if not isinstance(loader, dict):
-        return ""
-    bits = [f"batch {loader['batch_size']}" if loader.get("batch_size") else None,
-            f"{loader.get('num_workers', 0)} workers",
-            "pin_memory" if loader.get("pin_memory") else "no pin_memory",
-            "persistent" if loader.get("persistent_workers") else None,
-            f"prefetch {loader['prefetch_factor']}" if loader.get("prefetch_factor") else None,
-            str(loader["dataset"]) if loader.get("dataset") else None]
+def _loader(loader: messages.LoaderSettings) -> str:
+    bits = [f"batch {loader.batch_size}" if loader.batch_size else None,
+            f"{loader.num_workers if loader.num_workers is not None else 0} workers",
+            "pin_memory" if loader.pin_memory else "no pin_memory",
+            "persistent" if loader.persistent_workers else None,
+            f"prefetch {loader.prefetch_factor}" if loader.prefetch_factor else None,
+            loader.dataset or None]
     return ", ".join(b for b in bits if b)
 
 
@@ -67,26 +65,27 @@ class ModelInfo:
     @classmethod
     def from_state(cls, state: RunState) -> ModelInfo:
         """Derive the panel from ``state`` (call with the state lock held)."""
-        m = state.model or {}
-        budget = state.memory_budget()
-        flops = state.flops()
-        dtypes = m.get("by_dtype") if isinstance(m.get("by_dtype"), dict) else {}
-        loaders = m.get("loaders") if isinstance(m.get("loaders"), list) else []
+        m = state.model or messages.ModelInfo()
+        b = state.memory_budget()
+        f = state.flops()
         return cls(
-            params=(number(m.get("params")), number(m.get("trainable")), number(m.get("frozen"))),
-            by_dtype=tuple(sorted(((str(k), int(v)) for k, v in dtypes.items() if isinstance(v, int | float)),
+            params=(number(m.params), number(m.trainable), number(m.frozen)),
+            by_dtype=tuple(sorted(((k, int(v)) for k, v in (m.by_dtype or {}).items()),
                                   key=lambda kv: -kv[1])),
-            static=tuple(number(m.get(k)) for k in ("param_bytes", "grad_bytes", "optimizer_bytes", "static_bytes")),  # type: ignore[arg-type]
-            roots=tuple(str(r) for r in m.get("roots") or ()),
-            optimizers=tuple(_opt(m.get("optimizer_flags"), str(o)) for o in m.get("optimizers") or ()),
-            loader=_loader(loaders[-1]) if loaders else "",
-            budget=tuple(number(budget.get(k)) for k in BUDGET_KEYS),
-            steady_peak=budget.get("peak_source") == "steady state",
-            budget_reason=budget.get("reason"),
-            flops=tuple(number(flops.get(k)) for k in FLOP_KEYS),
-            peak_source=flops.get("peak_source"),
-            flops_reason=flops.get("reason"),
-            has_model="params" in m,
+            static=(number(m.param_bytes), number(m.grad_bytes), number(m.optimizer_bytes),
+                    number(m.static_bytes)),
+            roots=m.roots,
+            optimizers=tuple(_opt(m.optimizer_flags, o) for o in m.optimizers),
+            loader=_loader(m.loaders[-1]) if m.loaders else "",
+            budget=tuple(number(v) for v in (  # in BUDGET_KEYS order
+                b.static_bytes, b.peak_bytes, b.activation_bytes, b.per_sample_bytes, b.batch, b.max_batch,
+                b.capacity_bytes, b.margin)),
+            steady_peak=b.peak_source == "steady state",
+            budget_reason=b.reason,
+            flops=tuple(number(v) for v in (f.flops_per_step, f.achieved_flops, f.peak_tflops, f.mfu)),
+            peak_source=f.peak_source,
+            flops_reason=f.reason,
+            has_model=m.params is not None,
         )
 
     def b(self, key: str) -> Num:

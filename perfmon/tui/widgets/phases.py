@@ -50,7 +50,7 @@ class PhaseInfo:
         return cls(
             recent=_freeze(state.phase_stats(recent=True)),
             total=_freeze(state.phase_stats(recent=False)),
-            recent_n=sum(1 for s in state.recent if not s["windowed"]),
+            recent_n=sum(1 for s in state.recent if not s.windowed),
             total_n=state.totals["step"].hist.n,
             series=tuple(state.step_series.values(seconds)),
             span=label,

@@ -1,0 +1,63 @@
+"""The agent's messages as typed values: checked once, at the monitor's boundary, then read by attribute.
+
+:func:`parse` turns a decoded message (:func:`perfmon.protocol.decode`) into one of the frozen
+dataclasses here. A field of the wrong type becomes None (or empty); a message that cannot be read
+at all becomes :class:`Invalid`, which the state counts as skipped. Numbers keep their JSON type
+(an int stays an int), so what the report writes back is what came in. ``profile`` messages still
+pass through as the dicts they are.
+
+Stdlib only (and :mod:`perfmon.protocol`): the monitor, the report and the tests use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfmon.messages.base import Invalid, Message, Other, Reset, as_sent, merged, record
+from perfmon.messages.events import (
+    AgentWarning,
+    CommandResult,
+    Event,
+    Exit,
+    ProfileStarted,
+    WindowEdge,
+    parse_event,
+)
+from perfmon.messages.facts import Hello, LoaderSettings, ModelInfo, OptimizerFlags
+from perfmon.messages.steps import Bulk, StepRows, parse_steps
+from perfmon.messages.telemetry import (
+    LEGACY_PROC_MEM_REASON,
+    CudaMem,
+    GpuSample,
+    HostSample,
+    Sample,
+    parse_sample,
+)
+
+__all__ = [
+    "LEGACY_PROC_MEM_REASON", "AgentWarning", "Bulk", "CommandResult", "CudaMem", "Event", "Exit",
+    "GpuSample", "Hello", "HostSample", "Invalid", "LoaderSettings", "Message", "ModelInfo", "OptimizerFlags",
+    "Other", "ProfileStarted", "Reset", "Sample", "StepRows", "WindowEdge", "as_sent", "merged", "parse",
+]
+
+
+def parse(msg: dict[str, Any]) -> Message | dict[str, Any]:
+    """The typed message for a decoded one; a ``profile`` message is returned as it is (for now)."""
+    seq = msg.get("seq")
+    seq = seq if isinstance(seq, int) else None
+    kind = msg.get("type")
+    if kind == "steps":
+        return parse_steps(msg, seq)
+    if kind == "sample":
+        return parse_sample(msg, seq)
+    if kind == "event":
+        return parse_event(msg, seq)
+    if kind == "hello":
+        return record(Hello, msg, seq=seq)
+    if kind == "model":
+        return record(ModelInfo, msg, seq=seq)
+    if kind == "profile":
+        return msg
+    if kind == "reset":
+        return Reset(seq=seq)
+    return Other(seq=seq, type=kind if isinstance(kind, str) else None)

@@ -1,0 +1,94 @@
+"""``hello`` and ``model`` messages: facts about the run and the model, sent whole or in pieces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from perfmon.messages.base import CONVERT, Message, records
+from perfmon.messages.telemetry import GpuSample
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello(Message):
+    """The run: what runs, where, on what. A later hello updates the fields it carries (``merged``)."""
+
+    script: str | None = None
+    module: bool | None = None  # ``-m module``
+    argv: tuple[str, ...] = ()
+    cwd: str | None = None
+    pid: int | None = None
+    start: float | None = None  # wall clock, seconds
+    run_dir: str | None = None
+    python: str | None = None  # the interpreter's path (its version in some recordings)
+    python_version: str | None = None
+    torch: str | None = None
+    cuda: bool | None = None  # None until the job has imported torch
+    host: str | None = None
+    rank: int | None = None
+    peak_tflops: float | None = None  # --peak-tflops
+    window_peaks: bool | None = None
+    gpus: tuple[GpuSample, ...] = ()  # the visible GPUs' static facts
+    gpu_reason: str | None = None  # why there is no GPU; None when there are (or before the sampler looked)
+    gpu: str | None = None  # a device name given by the launcher
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    @property
+    def received(self) -> bool:
+        """A hello has come."""
+        return bool(self.given)
+
+    @property
+    def gpus_probed(self) -> bool:
+        """The sampler looked for GPUs: ``gpu_reason`` was sent (None when it found some)."""
+        return "gpu_reason" in self.given
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimizerFlags:
+    """How one optimizer applies its update (:func:`perfmon.agent.sampler.model_facts`)."""
+
+    name: str | None = None
+    fused: bool | None = None
+    foreach: bool | None = None  # None: torch's default (foreach where every parameter is on CUDA)
+    differentiable: bool | None = None
+    devices: tuple[str, ...] = ()  # where its parameters are (``cuda``, ``cpu``)
+    param_tensors: int | None = None
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoaderSettings:
+    """The DataLoader arguments that decide input throughput."""
+
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    batch_size: int | None = None
+    dataset: str | None = None  # the dataset's class name
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+
+CONVERT["tuple[OptimizerFlags, ...]"] = lambda v: records(OptimizerFlags, v)
+CONVERT["tuple[LoaderSettings, ...]"] = lambda v: records(LoaderSettings, v)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelInfo(Message):
+    """Model facts; they come in pieces (parameters and memory, later FLOPs) that ``merged`` joins."""
+
+    roots: tuple[str, ...] = ()  # the top-level modules' class names
+    params: float | None = None
+    trainable: float | None = None
+    frozen: float | None = None
+    by_dtype: dict[str, float] | None = None  # parameter count by dtype
+    param_bytes: float | None = None
+    grad_bytes: float | None = None
+    optimizer_bytes: float | None = None  # optimizer state
+    static_bytes: float | None = None  # parameters + gradients + optimizer state
+    optimizers: tuple[str, ...] = ()
+    optimizer_flags: tuple[OptimizerFlags, ...] = ()
+    loaders: tuple[LoaderSettings, ...] = ()  # the newest last
+    flops_per_step: float | None = None
+    flops_counted_at: float | None = None
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)

@@ -1,0 +1,84 @@
+"""The typed messages: what parse makes of good, odd and bad messages."""
+
+from __future__ import annotations
+
+from perfmon import messages, protocol
+from perfmon.analysis.state import RunState
+
+
+def test_fields_of_the_wrong_type_become_none_and_ints_stay_ints():
+    host = {"cpu_percent": "high", "rss_bytes": 2**30, "workers": True}
+    gpus = [{"index": 0, "util_gpu": 87, "throttled": ["hw_thermal"]}, "junk"]
+    msg = protocol.message("sample", seq=4, t=10, host=host, gpus=gpus)
+    s = messages.parse(msg)
+    assert isinstance(s, messages.Sample) and s.seq == 4 and s.t == 10.0
+    assert s.host == messages.HostSample(rss_bytes=2**30) and isinstance(s.host.rss_bytes, int)
+    (g,) = s.gpus
+    assert g.util_gpu == 87 and g.throttled == ("hw_thermal",) and g.power_w is None
+    assert s.cuda_mem is None  # not sent: the last reading stands
+
+
+def test_a_sample_without_a_time_is_invalid_and_counted_as_skipped():
+    assert isinstance(messages.parse(protocol.message("sample", host={})), messages.Invalid)
+    state = RunState()
+    state.apply(protocol.message("sample", seq=1, t="soon"))
+    assert state.skipped == 1 and state.samples_seen == 0 and state.last_seq == 1
+
+
+def test_an_older_agents_zero_process_memory_is_unknown():
+    (g,) = messages.parse(protocol.message("sample", t=1.0, gpus=[{"proc_mem_bytes": 0}])).gpus
+    assert g.proc_mem_bytes is None and g.proc_mem_reason == messages.LEGACY_PROC_MEM_REASON
+    new = {"proc_mem_bytes": 0, "proc_mem_reason": None}
+    (g,) = messages.parse(protocol.message("sample", t=1.0, gpus=[new])).gpus
+    assert g.proc_mem_bytes == 0  # a new agent's 0 is 0 bytes
+
+
+def test_facts_sent_in_pieces_are_merged_field_by_field():
+    state = RunState()
+    state.apply(protocol.message("hello", seq=1, script="a.py", pid=3, cuda=None))
+    state.apply(protocol.message("hello", seq=2, cuda=True, gpu_reason=None))
+    assert (state.meta.script, state.meta.pid, state.meta.cuda) == ("a.py", 3, True)
+    assert state.meta.received and state.meta.gpus_probed
+    state.apply(protocol.message("model", seq=3, params=10, loaders=[{"num_workers": 2, "pin_memory": True}]))
+    state.apply(protocol.message("model", seq=4, flops_per_step=1e9))
+    assert state.model.params == 10 and state.model.flops_per_step == 1e9
+    assert state.model.loaders == (messages.LoaderSettings(num_workers=2, pin_memory=True),)
+
+
+def test_step_rows_are_columns_and_a_bad_value_cuts_the_message():
+    fields = [*protocol.STEP_FIELDS, "closures", "dev_forward_ms"]
+    rows = [[1, 100.0, 10.0, 1.0, 2.0, 3.0, 2.0, 2.0, 32, 3, 1.5],
+            [2, 100.01, 10.0, 1.0, 2.0, 3.0, 2.0, 2.0, 0, None, None],
+            [3, 100.02],  # the wrong length: dropped alone
+            [4, 100.03, "x", 1.0, 2.0, 3.0, 2.0, 2.0, 32, 1, None]]
+    s = messages.parse(protocol.message("steps", fields=fields, rows=rows, outside={"checkpoint_ms": 5}))
+    assert isinstance(s, messages.StepRows) and len(s) == 2 and s.cut
+    assert s.i == [1, 2] and s.phases[1] == [1.5, 2.0]  # the device time where measured
+    assert s.samples == [32, 0] and s.closures == [3, None] and s.device_timed
+    assert s.outside == {"checkpoint": 5.0}
+    missing = protocol.message("steps", fields=["i", "t"], rows=[[1, 2.0]])
+    assert messages.parse(missing).cut  # a required column is missing
+
+
+def test_events_profiles_and_the_rest():
+    exit_ = messages.parse(protocol.message("event", kind="exit", code=1, exception="ValueError: boom", t=5))
+    assert exit_ == messages.Exit(code=1, exception="ValueError: boom", t=5)
+    edge = messages.parse(protocol.message("event", kind="window_started", t=2, what="profile"))
+    assert edge == messages.WindowEdge(started=True, t=2.0, what="profile")
+    answer = protocol.message("event", kind="command_result", name="stop", id=1, ok=True, extra=1)
+    result = messages.parse(answer)
+    assert result == messages.CommandResult(name="stop", id=1, ok=True)
+    profile = protocol.message("profile", step=3, top_ops=[])
+    assert messages.parse(profile) is profile  # passed through as it is
+    assert isinstance(messages.parse(protocol.message("log", text="x", seq=9)), messages.Other)
+    assert isinstance(messages.parse({"type": "reset"}), messages.Reset)
+
+
+def test_reset_forgets_everything_but_the_recent_window_size():
+    state = RunState(recent=7)
+    state.apply(protocol.message("hello", seq=1, script="a.py"))
+    state.apply(protocol.message("steps", seq=2, fields=list(protocol.STEP_FIELDS),
+                                 rows=[[i, 100.0 + i, 10.0, 1, 2, 3, 2, 2, 32] for i in range(1, 20)]))
+    state.apply({"type": "reset"})
+    assert not state.meta.received and state.steps == 0 and state.last_seq == 0 and not state.recent
+    assert state.recent.maxlen == 7
