@@ -58,7 +58,8 @@ H100 = {"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_bytes": 80 * GIB, "u
 
 def test_registry_has_the_stable_ids_with_documented_thresholds():
     expected = {"input-bound", "loader-cpu-bound", "device-underused", "host-sync", "memory-pressure", "fragmentation",
-                "no-mixed-precision", "priority", "step-instability", "memory-creep", "throttling", "slow-optimizer"}
+                "no-mixed-precision", "priority", "step-instability", "memory-creep", "throttling", "slow-optimizer",
+                "communication-bound", "pageable-memcpy", "launch-bound"}
     assert expected <= set(REGISTRY)
     assert all(doc for _, doc in REGISTRY.values())
 
@@ -116,20 +117,79 @@ def test_memory_pressure_and_retries():
     assert find(make_state(cuda=True, gpus=[H100], cuda_mem={**mem, "peak_reserved_bytes": 40 * GIB}), "memory-pressure") is None
 
 
-def test_fragmentation():
-    frag = {"reserved_bytes": 30 * GIB, "allocated_bytes": 10 * GIB, "peak_reserved_bytes": 30 * GIB}
-    f = find(make_state(cuda=True, gpus=[H100], cuda_mem=frag), "fragmentation")
-    assert f is not None and "expandable_segments:True" in f.fix
-    ok = {"reserved_bytes": 12 * GIB, "allocated_bytes": 10 * GIB, "peak_reserved_bytes": 12 * GIB}
-    assert find(make_state(cuda=True, gpus=[H100], cuda_mem=ok), "fragmentation") is None
+@pytest.mark.parametrize("mem, fires", [
+    # reserved far above allocated at the peak: the allocator held memory it could not use
+    ({"reserved_bytes": 30 * GIB, "allocated_bytes": 10 * GIB, "peak_reserved_bytes": 30 * GIB,
+      "peak_allocated_bytes": 20 * GIB, "peak_inactive_split_bytes": 6 * GIB}, True),
+    # the normal cache after a step freed its activations: reserved >> allocated now, not at the peak
+    ({"reserved_bytes": 30 * GIB, "allocated_bytes": 4 * GIB, "peak_reserved_bytes": 30 * GIB,
+      "peak_allocated_bytes": 29 * GIB}, False),
+    # a large ratio but a small amount
+    ({"reserved_bytes": 2 * GIB, "allocated_bytes": GIB, "peak_reserved_bytes": 1.5 * GIB,
+      "peak_allocated_bytes": 0.9 * GIB}, False),
+])
+def test_fragmentation_is_judged_at_the_allocator_peak(mem, fires):
+    f = find(make_state(cuda=True, gpus=[H100], cuda_mem=mem), "fragmentation")
+    assert (f is not None) == fires
+    if fires:
+        assert "expandable_segments:True" in f.fix and f.evidence["slack_bytes"] == 10 * GIB
+        assert f.evidence["peak_inactive_split_bytes"] == 6 * GIB
 
 
-def test_no_mixed_precision():
-    prof = {"step": 50, "device": "cuda", "syncs_per_step": 0, "device_busy": 0.95,
-            "top_ops": [{"name": "ampere_sgemm_128x64_nn", "share": 0.5, "calls": 30}]}
-    fp32 = {"by_dtype": {"float32": 1000}}
-    assert find(make_state(cuda=True, gpus=[H100], profile=prof, model=fp32), "no-mixed-precision") is not None
-    assert find(make_state(cuda=True, gpus=[H100], profile=prof, model={"by_dtype": {"bfloat16": 1000}}), "no-mixed-precision") is None
+def _window(findings):
+    return {"step": 50, "device": "cuda", "syncs_per_step": 0, "device_busy": 0.95, "top_ops": [],
+            "trace": "t.pt.trace.json", "trace_findings": findings}
+
+
+MIXED = {"id": "no-mixed-precision", "title": "92% of matrix time in FP32 kernels", "fix": "use autocast",
+         "evidence": {"fp32_share": 0.92}}
+
+
+@pytest.mark.parametrize("window, model, fires", [
+    # decided by the kernels that ran: FP32 SIMT GEMMs fire, whatever the parameters are
+    (_window([{**MIXED, "severity": "critical"}]), {"by_dtype": {"bfloat16": 1000}}, True),
+    # a correct bf16 autocast setup: parameters stay fp32, the kernels were bf16: no finding
+    (_window([]), {"by_dtype": {"float32": 1000}}, False),
+    # mostly TF32: said by the trace as info, not raised here
+    (_window([{**MIXED, "severity": "info"}]), {"by_dtype": {"float32": 1000}}, False),
+    # a window summarised by an older job (no trace analysis): never guessed from op names and dtypes
+    ({"step": 50, "device": "cuda", "syncs_per_step": 0, "device_busy": 0.95,
+      "top_ops": [{"name": "ampere_sgemm_128x64_nn", "share": 0.5, "calls": 30}]}, {"by_dtype": {"float32": 1000}},
+     False),
+])
+def test_no_mixed_precision_from_the_kernels_that_ran(window, model, fires):
+    f = find(make_state(cuda=True, gpus=[H100], profile=window, model=model), "no-mixed-precision")
+    assert (f is not None) == fires
+    if fires:
+        assert f.severity == "critical" and f.evidence["fp32_share"] == 0.92 and f.evidence["window_step"] == 50
+
+
+@pytest.mark.parametrize("rule_id", ["communication-bound", "pageable-memcpy", "launch-bound"])
+def test_trace_findings_of_the_last_window_are_live_findings(rule_id):
+    found = {"id": rule_id, "severity": "warn", "title": f"{rule_id} title", "fix": "the fix",
+             "evidence": {"share": 0.3}}
+    f = find(make_state(cuda=True, gpus=[H100], profile=_window([found])), rule_id)
+    assert f is not None and (f.title, f.fix, f.evidence["share"]) == (f"{rule_id} title", "the fix", 0.3)
+    assert find(make_state(cuda=True, gpus=[H100], profile=_window([])), rule_id) is None
+
+
+def test_no_mixed_precision_on_a_real_v100_window(tmp_path):
+    """The V100 CNN trace (FP32 sgemm/scudnn kernels), summarised as a live window is: the finding fires."""
+    import shutil
+    from pathlib import Path
+
+    from perfmon.analysis.profile_window import summarise_window
+
+    traces = tmp_path / "run" / "traces"
+    traces.mkdir(parents=True)
+    trace = traces / "v100_cnn_rank0.pt.trace.json.gz"
+    shutil.copy(Path(__file__).parent / "data" / "gpu-traces" / trace.name, trace)
+    window = summarise_window({"type": "profile", "step": 10, "active_steps": 3, "device": "cuda",
+                               "trace": str(trace), "t": 1.0})
+    window.pop("type")
+    f = find(make_state(cuda=True, gpus=[H100], profile=window, model={"by_dtype": {"float32": 1000}}),
+             "no-mixed-precision")
+    assert f is not None and f.severity == "critical"
 
 
 def test_priority_notes_overlapped_data():
@@ -165,13 +225,23 @@ def test_throttling():
     assert find(make_state(cuda=True, gpus=[H100]), "throttling") is None
 
 
-def test_slow_optimizer():
-    flags = {"optimizer_flags": [{"name": "AdamW", "fused": None, "foreach": None, "param_tensors": 200}]}
-    f = find(make_state(opt=6, model=flags), "slow-optimizer")
-    assert f is not None and "foreach=True" in f.fix
-    fused = {"optimizer_flags": [{"name": "AdamW", "fused": True, "foreach": None, "param_tensors": 200}]}
-    assert find(make_state(opt=6, model=fused), "slow-optimizer") is None
-    assert find(make_state(opt=1, model=flags), "slow-optimizer") is None
+@pytest.mark.parametrize("flags, gpus, fires", [
+    ({"fused": None, "foreach": None, "devices": ["cpu"]}, None, True),  # CPU default: a per-tensor loop
+    ({"fused": None, "foreach": None, "devices": ["cuda"]}, [H100], False),  # CUDA default: foreach
+    ({"fused": None, "foreach": False, "devices": ["cuda"]}, [H100], True),  # foreach turned off
+    ({"fused": None, "foreach": None, "devices": ["cuda"], "differentiable": True}, [H100], True),
+    ({"fused": True, "foreach": None, "devices": ["cpu"]}, None, False),
+    ({"fused": None, "foreach": True, "devices": ["cpu"]}, None, False),
+    ({"fused": None, "foreach": None}, [H100], False),  # an older recording of a GPU run: torch's default there
+    ({"fused": None, "foreach": None}, None, True),
+])
+def test_slow_optimizer(flags, gpus, fires):
+    model = {"optimizer_flags": [{"name": "AdamW", "param_tensors": 200, **flags}]}
+    f = find(make_state(opt=6, model=model, gpus=gpus, cuda=gpus is not None), "slow-optimizer")
+    assert (f is not None) == fires
+    if fires:
+        assert "foreach=True" in f.fix
+    assert find(make_state(opt=1, model=model, gpus=gpus, cuda=gpus is not None), "slow-optimizer") is None
 
 
 def test_too_few_steps_yield_nothing():

@@ -111,12 +111,7 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
         "device": _device(state),
         "host": _host(state),
         "model": _model(state),
-        "profiles": [
-            {"step": p.get("step"), "top_ops": [
-                {k: op.get(k) for k in ("name", "calls", "self_ms", "total_ms", "share", "flops")} for op in p.get("top_ops", [])],
-             "syncs_per_step": p.get("syncs_per_step"), "device_busy": p.get("device_busy"), "trace": p.get("trace")}
-            for p in state.profiles
-        ],
+        "profiles": [_profile(p) for p in state.profiles],
         "flops_per_step": flops.flops_per_step,
         "mfu": _round(flops.mfu, 4),
         "findings": [f.to_json() for f in findings],
@@ -289,3 +284,18 @@ def report_main(run_dir: Path, as_json: bool, rules: Any = None, write: bool = F
     else:
         print(format_summary(state, summary))
     return 0
+
+
+def _profile(p: dict[str, Any]) -> dict[str, Any]:
+    """A profiler window in the report: the keys every version wrote, and what the trace analysis adds
+    (windows analysed outside the job: kernels, HTA breakdown, the trace's findings)."""
+    out: dict[str, Any] = {
+        "step": p.get("step"),
+        "top_ops": [{k: op.get(k) for k in ("name", "calls", "self_ms", "total_ms", "share", "flops")}
+                    for op in p.get("top_ops", [])],
+        "syncs_per_step": p.get("syncs_per_step"), "device_busy": p.get("device_busy"), "trace": p.get("trace"),
+    }
+    for key in ("top_kernels", "breakdown", "trace_findings", "analysis_error"):
+        if key in p:
+            out[key] = p[key]
+    return out

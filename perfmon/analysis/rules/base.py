@@ -53,7 +53,7 @@ class Config:
     nvml_util_min: float = 90.0
     syncs_per_step_warn: float = 1.0
     memory_pressure: float = 0.90
-    fragmentation_ratio: float = 2.0
+    fragmentation_ratio: float = 1.3  # at the allocator peak: reserved vs allocated
     fragmentation_min_bytes: int = 1 << 30
     fp32_gemm_share: float = 0.30
     instability_ratio: float = 2.0

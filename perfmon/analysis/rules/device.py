@@ -41,25 +41,43 @@ def host_sync(f: Facts, cfg: Config) -> Finding | None:
     )
 
 
-@rule("no-mixed-precision", "fp32 GEMM ops > 30% of a CUDA profiler window's device time on a tensor-core GPU")
-def no_mixed_precision(f: Facts, cfg: Config) -> Finding | None:
+def _from_trace(f: Facts, rule_id: str) -> Finding | None:
+    """The last profiler window's own finding ``rule_id``, as its trace analysis found it (what actually ran on
+    the device: kernels, copies, gaps), above info; windows summarised by older jobs carry none."""
     prof = f.profile
-    if not prof or prof.get("device") != "cuda" or not f.gpus:
+    found = next((x for x in (prof or {}).get("trace_findings") or () if isinstance(x, dict) and x.get("id") == rule_id),
+                 None)
+    if found is None or found.get("severity") not in ("warn", "critical"):
         return None
-    by_dtype = f.model.by_dtype or {}
-    if not by_dtype or max(by_dtype, key=by_dtype.get) != "float32":
-        return None
-    gemm = sum(op["share"] for op in prof.get("top_ops", [])
-               if any(k in op["name"] for k in ("sgemm", "aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "cutlass_80_simt")))
-    if gemm < cfg.fp32_gemm_share:
-        return None
-    return Finding(
-        "no-mixed-precision", "warn", f"fp32 matrix multiplies take {gemm:.0%} of GPU time",
-        {"gemm_share": round(gemm, 4), "param_dtypes": by_dtype, "device": f.gpus[0].name},
-        "Wrap forward and loss in torch.autocast('cuda', dtype=torch.bfloat16), or at least enable TF32: "
-        "torch.backends.cuda.matmul.allow_tf32 = True (torch.set_float32_matmul_precision('high')).",
-        impact=gemm / 2,
-    )
+    evidence = dict(found.get("evidence") or {})
+    evidence["window_step"] = prof.get("step") if prof else None
+    return Finding(rule_id, found["severity"], str(found.get("title", rule_id)), evidence, str(found.get("fix", "")),
+                   impact=float(evidence.get("impact", 0.0) or 0.0))
+
+
+@rule("no-mixed-precision", "in the last CUDA profiler window's trace, FP32 (non-tensor-core) GEMM/convolution kernels "
+      "hold most of the matrix time (decided from the kernels that ran, not from parameter dtypes: autocast keeps "
+      "parameters in fp32)")
+def no_mixed_precision(f: Facts, cfg: Config) -> Finding | None:
+    return _from_trace(f, "no-mixed-precision")
+
+
+@rule("communication-bound", "in the last profiler window's trace, communication not overlapped with compute > 20% "
+      "of the span")
+def communication_bound(f: Facts, cfg: Config) -> Finding | None:
+    return _from_trace(f, "communication-bound")
+
+
+@rule("pageable-memcpy", "in the last profiler window's trace, host-to-device copies from pageable memory > 10% of "
+      "device time")
+def pageable_memcpy(f: Facts, cfg: Config) -> Finding | None:
+    return _from_trace(f, "pageable-memcpy")
+
+
+@rule("launch-bound", "in the last profiler window's trace, many short kernels (median < 10 us) with the GPU idle "
+      "> 30% of the span, mostly in gaps < 50 us")
+def launch_bound(f: Facts, cfg: Config) -> Finding | None:
+    return _from_trace(f, "launch-bound")
 
 
 @rule("throttling", "NVML clock-event reasons: thermal or power capping, or power draw >= 98% of the limit")

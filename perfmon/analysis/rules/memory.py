@@ -30,17 +30,24 @@ def memory_pressure(f: Facts, cfg: Config) -> Finding | None:
     )
 
 
-@rule("fragmentation", "reserved >= 2x allocated and reserved - allocated > 1 GiB")
+@rule("fragmentation", "at the allocator's peak (since start), reserved >= 1.3x allocated and > 1 GiB more: "
+      "memory the allocator holds but could not use when it needed the most")
 def fragmentation(f: Facts, cfg: Config) -> Finding | None:
+    # Judged at the peak, not now: after a step frees its activations, reserved >> allocated is the cache
+    # doing its job; only at the peak is every reserved byte one the job could have used.
     cm = f.cuda_mem
     if cm is None:
         return None
-    reserved, allocated = cm.reserved_bytes or 0, cm.allocated_bytes or 0
-    if reserved - allocated < cfg.fragmentation_min_bytes or reserved < cfg.fragmentation_ratio * max(allocated, 1):
+    reserved, allocated = cm.peak_reserved_bytes or 0, cm.peak_allocated_bytes or 0
+    slack = reserved - allocated
+    if slack < cfg.fragmentation_min_bytes or reserved < cfg.fragmentation_ratio * max(allocated, 1):
         return None
+    split = cm.peak_inactive_split_bytes
     return Finding(
-        "fragmentation", "warn", f"Allocator fragmentation: {reserved / GIB:.1f} GiB reserved for {allocated / GIB:.1f} GiB in use",
-        {"reserved_bytes": reserved, "allocated_bytes": allocated},
+        "fragmentation", "warn",
+        f"Allocator fragmentation: {reserved / GIB:.1f} GiB reserved at the peak for {allocated / GIB:.1f} GiB in use",
+        {"peak_reserved_bytes": reserved, "peak_allocated_bytes": allocated, "slack_bytes": slack,
+         "peak_inactive_split_bytes": split, "alloc_retries": cm.alloc_retries},
         "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before starting the job; avoid tensors of ever-changing "
         "shapes (pad to buckets).",
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
-from perfmon.messages import as_sent
+from perfmon.messages import OptimizerFlags, as_sent
 
 PHASE_ADVICE = {
     "data": "the input pipeline (see input-bound)",
@@ -54,10 +54,27 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
     )
 
 
-@rule("slow-optimizer", "optimizer share > 25% with a non-fused, non-foreach implementation over >= 10 tensors")
+#: Where torch's default (foreach=None) picks the foreach implementation (torch.optim's supported devices).
+FOREACH_DEVICES = frozenset({"cuda", "xpu"})
+
+
+def _per_tensor(o: OptimizerFlags, gpu_run: bool) -> bool:
+    """Whether the optimizer updates one tensor at a time: not fused, not foreach, and foreach=None is torch's
+    default only where every parameter is on a foreach device (CUDA) and the optimizer is not differentiable.
+    Recordings without parameter devices: a GPU run is taken to be on the GPU."""
+    if o.fused or o.foreach is True:
+        return False
+    if o.foreach is None and not o.differentiable:
+        on_gpu = set(o.devices) <= FOREACH_DEVICES if o.devices else gpu_run
+        return not on_gpu
+    return True
+
+
+@rule("slow-optimizer", "optimizer share > 25% with a per-tensor implementation (not fused, not foreach: "
+      "foreach=None is torch's foreach on CUDA, a per-tensor loop on CPU) over >= 10 tensors")
 def slow_optimizer(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["optimizer"]
-    slow = [o for o in f.model.optimizer_flags if not o.fused and o.foreach is not True
+    slow = [o for o in f.model.optimizer_flags if _per_tensor(o, bool(f.gpus))
             and (o.param_tensors or 0) >= cfg.optimizer_min_tensors]
     if share <= cfg.optimizer_share or not slow:
         return None

@@ -147,7 +147,7 @@ class OpsView:
             cols.append(("FLOPs", "flops"))
         nums = sum(WIDTHS[key] for _, key in cols)
         name_w = max(16, min(44, width - nums))
-        shapes = width - name_w - nums - 2 >= SHAPES_MIN
+        shapes = width - name_w - nums - 2 >= SHAPES_MIN and any(r.shapes for r in info.rows)
         return cols, name_w, shapes
 
     def table(self, width: int, rows_room: int) -> list[Text]:
