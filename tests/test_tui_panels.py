@@ -326,8 +326,10 @@ async def test_ops_capturing_marker(tmp_path: Path) -> None:
     app, source = live_app(tmp_path, capturing=True)
     async with app.run_test(size=(80, 24)) as pilot:
         await live_loaded(pilot)
-        await wait_until(pilot, lambda: app.query_one(OpsPanel).info.capturing is not None)
+        await wait_until(pilot, lambda: app.state.profiling is not None)
+        assert app.query_one(OpsPanel).info is None  # a hidden view's panel is not derived
         await pilot.press("4")
+        await wait_until(pilot, lambda: app.query_one(OpsPanel).info.capturing is not None)
         text = screen_text(app)
         assert f"● capturing a profiler window (from step {fmt.count(app.state.profiling['step'])})…" in text
         assert "last window: step 2,800" in text

@@ -123,7 +123,7 @@ class PerfmonApp(DashboardShell):
         else:
             self.set_focus(None)
         self.refresh_bindings()
-        self._update_bar()
+        self.refresh_data()  # the panels of the new view are derived only while it shows
 
     def action_cycle_sort(self) -> None:
         """s (ops view): next sort order of the top ops."""

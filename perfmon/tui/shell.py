@@ -2,7 +2,7 @@
 
 Three thread workers feed it (:mod:`perfmon.tui.workers`): the source pump, the process waiter and
 the output tail. Widgets are redrawn only when what they show changed: on the workers' messages (state
-changes come at most every ``COALESCE_S``), on a 2 Hz check for data that arrived after the pump's last
+changes come at most every ``COALESCE_S``), on a periodic check for data that arrived after the pump's last
 post, and on a 1 Hz tick (elapsed time, the rules engine, the age of the profiler window).
 
 Layout: the header (four lines: command, rates and the worst finding, run details, vital signs),
@@ -177,26 +177,35 @@ class DashboardShell(App[None]):
         ops = self.query_one("#ops", OpsPanel)
         log = self.query_one(LogPanel)
         span = phases.span_index
+        view = self.view
+        # Only the panels the current view shows are derived (a view switch refreshes at once): at ~2 redraws a
+        # second, deriving hidden panels was a good part of the dashboard's CPU.
+        shows = {"phases": view == "overview", "resources": view in ("overview", "device"),
+                 "model": view in ("model", "device"), "ops": view == "ops"}
         with self.lock:
             self._dirty = False
             header = self._header_info()
-            info = PhaseInfo.from_state(self.state, span)
-            device = DeviceInfo.from_state(self.state, span)
-            host = HostInfo.from_state(self.state, span)
-            model = ModelInfo.from_state(self.state)
-            ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.now())
+            info = PhaseInfo.from_state(self.state, span) if shows["phases"] else None
+            device = DeviceInfo.from_state(self.state, span) if shows["resources"] else None
+            host = HostInfo.from_state(self.state, span) if shows["resources"] else None
+            model = ModelInfo.from_state(self.state) if shows["model"] else None
+            ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.now()) if shows["ops"] else None
             capturing = self.state.profiling is not None
             results = self._results.new(self.state.command_results)
             exit_ = self.state.exit
             exception = exit_.exception if exit_ else None
             where = last_frame(exit_.traceback) if exit_ else None
         self.query_one(RunHeader).info = header
-        phases.info = info
-        self.query_one("#device", DevicePanel).info = device
-        self.query_one("#resources").set_class(device.no_gpu is not None, "-no-gpu")
-        self.query_one("#host", HostPanel).info = host
-        self.query_one("#model", ModelPanel).info = model
-        ops.info = ops_info
+        if info is not None:
+            phases.info = info
+        if device is not None and host is not None:
+            self.query_one("#device", DevicePanel).info = device
+            self.query_one("#resources").set_class(device.no_gpu is not None, "-no-gpu")
+            self.query_one("#host", HostPanel).info = host
+        if model is not None:
+            self.query_one("#model", ModelPanel).info = model
+        if ops_info is not None:
+            ops.info = ops_info
         self._update_bar(capturing=capturing)
         log.exception, log.where = exception, where
         for result in results:
@@ -232,14 +241,17 @@ class DashboardShell(App[None]):
         """Once a second: the rules, the elapsed time of a running job and the profiler window's age."""
         if not self.stream_ended:
             self.update_findings()
-        if not self._dirty and time.monotonic() - self._last_refresh > TICK_S / 2:
+        # a stream that stalled, or nothing new: the clock and the window's age still move (a redraw that
+        # refresh_data already made this second is not repeated: every redraw of the screen costs CPU)
+        if not self._dirty and time.monotonic() - self._last_refresh > TICK_S * 0.9:
             ops = self.query_one("#ops", OpsPanel)
             with self.lock:
                 header = self._header_info() if not self.job_ended else None
-                ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.now())
+                ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.now()) if self.view == "ops" else None
             if header is not None:
                 self.query_one(RunHeader).info = header
-            ops.info = ops_info
+            if ops_info is not None:
+                ops.info = ops_info
 
     @while_composed
     def update_findings(self) -> None:

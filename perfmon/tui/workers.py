@@ -19,7 +19,7 @@ from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import Source
 from perfmon.tui.widgets.logpanel import MAX_LINES, OutputTail
 
-COALESCE_S = 0.5  # state changes are posted at most this often
+COALESCE_S = 1.0  # state changes are posted at most this often: the dashboard redraws about once a second
 OUTPUT_S = 1.0  # new output lines at most this often: each write lays the screen out again
 POLL_S = 0.25  # process and output.log polls; also how soon a loop sees ``stop``
 
