@@ -327,6 +327,16 @@ class StepTracker:
         if not segs:  # nothing before the training work (the common case): the step began with it
             self._training = True
             return
+        if len(segs) == 1 and segs[0].kind == "data":
+            # a DataLoader loop's every step: its fetch began it (what the general case below decides)
+            seg = segs[0]
+            part.acc["data"] += seg.end - seg.begin
+            if seg.mark is not None and seg.end_mark is not None:
+                part.mark_list("data").append((seg.mark, seg.end_mark))
+            part.samples += seg.samples
+            self._segments = []
+            self._training = True
+            return
         trained = self._trained
         last_eval = max((i for i, s in enumerate(segs)
                          if s.kind == "forward" and (s.copy or s.key in trained)), default=-1)
