@@ -28,6 +28,7 @@ lint: setup
 	$(BIN)/ruff check perfmon tests demos benchmarks
 
 bench: setup
+	$(BIN)/python benchmarks/agent_cpu.py --job tiny
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
