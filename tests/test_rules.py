@@ -309,6 +309,10 @@ def test_host_cpu_is_judged_over_the_samples_taken_while_stepping():
     ({"cpu_count": 2, "system_cpu_percent": 0.0, "workers_cpu_percent": 6.0}, False),
     # a busy host, but not because of the workers (another job)
     ({"cpu_count": 2, "system_cpu_percent": 97.0, "workers_cpu_percent": 12.0}, False),
+    # a host shared with one other job: the workers get their session's half of it, and use all of that
+    ({"cpu_count": 2, "system_cpu_percent": 100.0, "workers_cpu_percent": 94.0}, True),
+    # ... but a third of it is not the workers filling the host
+    ({"cpu_count": 2, "system_cpu_percent": 100.0, "workers_cpu_percent": 66.0}, False),
 ])
 def test_loader_cpu_bound_never_contradicts_its_evidence(host, fires):
     loader = {**LOADER, "num_workers": 2}

@@ -20,9 +20,12 @@ class HeavyDataset(Dataset):
 
 if __name__ == "__main__":
     a = args(80)
+    # The training process computes on one thread, as its workers do: with more workers than CPUs, intra-op
+    # threads in the trainer would spin against them and make the model's own compute the slow part.
+    torch.set_num_threads(1)
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    workers = 2 * (os.cpu_count() or 2)  # more workers than CPUs: they fill the host even beside another job
+    workers = 3 * (os.cpu_count() or 2)  # more workers than CPUs: they fill most of the host even beside another job
     loader = DataLoader(HeavyDataset(), batch_size=32, num_workers=workers, persistent_workers=True)
     step = 0
     for x, y in loader:
