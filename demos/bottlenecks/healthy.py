@@ -6,6 +6,9 @@ from _common import args
 from torch.utils.data import DataLoader, TensorDataset
 
 a = args()
+# One compute thread: steady steps even when another job shares the CPUs (intra-op threads waiting on each
+# other at every op would make a busy machine look like an unstable loop).
+torch.set_num_threads(1)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
                             torch.nn.Linear(1024, 1))
