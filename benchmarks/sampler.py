@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from perfmon.agent.runtime import Agent
+from perfmon.analysis.report import load_recording
 
 
 def _worker(stop) -> None:
@@ -43,7 +44,8 @@ def main() -> None:
         time.sleep(a.seconds)  # the benchmark's own duration, not synchronisation
         agent.finish({"code": 0})
         stop.set()
-        state = agent.state
+        # the recording, as a monitor reads it: the job keeps no state of its own
+        state = load_recording(Path(tmp) / "run")
     n = state.samples_seen
     cpu = state.sampler_cpu_s
     print(f"samples: {n} at {a.interval:g} s; sampler CPU {cpu * 1000:.1f} ms in total, "
