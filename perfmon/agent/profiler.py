@@ -2,9 +2,9 @@
 
 Measured: a profiler started from another thread captures nothing of the training
 thread, so the socket thread only sets a request; the training thread starts the window at
-the next boundary, steps it, stops it; the trace export and ``key_averages`` (18-110 ms)
-run on a worker thread. The trace is written to a temp file and renamed, so a job that
-ends mid-window leaves a valid trace or none.
+the next boundary, steps it, stops it; the trace export runs on a worker thread. Nothing is
+summarised here: the monitor analyses the exported trace outside the job. The trace is written
+to a temp file and renamed, so a job that ends mid-window leaves a valid trace or none.
 """
 
 from __future__ import annotations
