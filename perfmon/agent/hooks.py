@@ -161,7 +161,6 @@ class Instrumentation:
     def explicit_step(self) -> None:
         """The script called ``perfmon.step()``: from now on only its calls end steps."""
         self.bounds.explicit = True
-        self.bounds.single = None
         if self._discovering:
             self.finish_discovery()
 
@@ -238,28 +237,11 @@ class Instrumentation:
     def _patch_backward(self) -> None:
         def make(orig: Callable) -> Callable:
             def backward(*args: Any, **kwargs: Any) -> Any:
-                bounds = self.bounds
-                try:  # begin/end inlined for the common case, as in the optimizer hooks
-                    fast = self.fast
-                    if fast is not None and (bounds.depth or not bounds.pending):
-                        bounds.depth += 1
-                        fast((BEGIN, perf_counter(), "backward", None))
-                    else:
-                        self.begin("backward")
-                except Exception as exc:  # noqa: BLE001 - never into training
-                    self._on_error("hooks", exc)
+                self.begin("backward")
                 try:
                     return orig(*args, **kwargs)
                 finally:
-                    try:
-                        fast = self.fast
-                        if fast is not None and bounds.depth == 1 and bounds.optimizers_seen:
-                            bounds.depth = 0  # an accumulation or training backward: no step ends here
-                            fast((END, perf_counter(), "backward", None))
-                        else:
-                            self.end("backward")
-                    except Exception as exc:  # noqa: BLE001
-                        self._on_error("hooks", exc)
+                    self.end("backward")
 
             return backward
 
@@ -270,34 +252,15 @@ class Instrumentation:
 
         known = self._optimizer_ids
 
-        # Every step passes here twice; the common case (host timing, no step waiting to end, the loop's
-        # one optimizer) is inlined, the rest goes through begin/end.
         def pre_hook(opt: Any, args: Any, kwargs: Any) -> None:
-            try:
-                key = id(opt)
-                if key not in known:
-                    self._note_optimizer(opt)
-                bounds, fast = self.bounds, self.fast
-                if fast is not None and (bounds.depth or not bounds.pending):
-                    bounds.depth += 1
-                    fast((BEGIN, perf_counter(), "optimizer", None))
-                else:
-                    self.begin("optimizer", key=key)
-            except Exception as exc:  # noqa: BLE001 - never into training
-                self._on_error("hooks", exc)
+            key = id(opt)
+            if key not in known:
+                self._note_optimizer(opt)
+            self.begin("optimizer", key=key)
 
         def post_hook(opt: Any, args: Any, kwargs: Any) -> None:
-            try:
-                key = id(opt)
-                bounds, fast = self.bounds, self.fast
-                if fast is not None and bounds.single == key and bounds.depth == 1 and not self._discovering:
-                    bounds.depth = 0  # what Boundaries.end decides for the loop's one optimizer
-                    fast((END_BOUNDARY, perf_counter(), ("optimizer", key), None))
-                    self._boundary()
-                else:
-                    self.end("optimizer", ("optimizer", key), key)
-            except Exception as exc:  # noqa: BLE001
-                self._on_error("hooks", exc)
+            key = id(opt)
+            self.end("optimizer", ("optimizer", key), key)
 
         pre = optim_mod.register_optimizer_step_pre_hook(pre_hook)
         post = optim_mod.register_optimizer_step_post_hook(post_hook)
@@ -506,30 +469,13 @@ class Instrumentation:
                 else:  # another instance of the model's class: a copy (EMA) or a sibling
                     ref = roots.get(key)
                     kind = NOGRAD if ref is not None and ref() is mod else COPY
-                bounds = inst.bounds
-                try:  # begin/end inlined for the common case, as in the optimizer hooks
-                    fast = inst.fast
-                    if fast is not None and (bounds.depth or not bounds.pending):
-                        bounds.depth += 1
-                        fast((BEGIN, perf_counter(), ("forward", key, kind), None))
-                    else:
-                        inst.begin("forward", ("forward", key, kind), kind)
-                except Exception as exc:  # noqa: BLE001 - never into training
-                    inst._on_error("hooks", exc)
+                inst.begin("forward", ("forward", key, kind), kind)
                 inst._in_root += 1
                 try:
                     return orig(mod, *args, **kwargs)
                 finally:
                     inst._in_root -= 1
-                    try:
-                        fast = inst.fast
-                        if fast is not None and bounds.depth == 1:
-                            bounds.depth = 0  # a forward never ends a step
-                            fast((END, perf_counter(), "forward", None))
-                        else:
-                            inst.end("forward")
-                    except Exception as exc:  # noqa: BLE001
-                        inst._on_error("hooks", exc)
+                    inst.end("forward")
 
             return __call__
 

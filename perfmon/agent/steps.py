@@ -100,7 +100,7 @@ class Boundaries:
 
     def end(self, phase: str, key: Any = None) -> bool:
         """Returns True when the step is certainly over already (a loop with a single optimizer)."""
-        if key is not None and key == self.single and self.depth == 1 and phase == "optimizer":
+        if key is not None and key == self.single and self.depth == 1 and phase == "optimizer" and not self.explicit:
             self.depth = 0
             return True  # what the general case below decides for it, without the set arithmetic
         if self.depth:
@@ -192,6 +192,17 @@ class _Segment:
         self.samples = 0
         self.mark = mark
         self.end_mark: Any = None
+
+
+def _absorb(part: _Part, segs: list[_Segment]) -> None:
+    """Segments seen before a step's training work turn out to be that step's: their phase time, CUDA marks and
+    samples go into ``part``."""
+    for seg in segs:
+        if seg.kind in part.acc:
+            part.acc[seg.kind] += seg.end - seg.begin
+            if seg.mark is not None and seg.end_mark is not None:
+                part.mark_list(seg.kind).append((seg.mark, seg.end_mark))
+        part.samples += seg.samples
 
 
 class StepTracker:
@@ -329,11 +340,7 @@ class StepTracker:
             return
         if len(segs) == 1 and segs[0].kind == "data":
             # a DataLoader loop's every step: its fetch began it (what the general case below decides)
-            seg = segs[0]
-            part.acc["data"] += seg.end - seg.begin
-            if seg.mark is not None and seg.end_mark is not None:
-                part.mark_list("data").append((seg.mark, seg.end_mark))
-            part.samples += seg.samples
+            _absorb(part, segs)
             self._segments = []
             self._training = True
             return
@@ -351,12 +358,7 @@ class StepTracker:
             begin, begin_mark = (segs[start].begin, segs[start].mark) if start < len(segs) else (t, None)
             self._settle_outside(begin, start)
             part = self._part = _Part(begin, begin_mark)
-        for seg in segs[start:]:
-            if seg.kind in part.acc:
-                part.acc[seg.kind] += seg.end - seg.begin
-                if seg.mark is not None and seg.end_mark is not None:
-                    part.mark_list(seg.kind).append((seg.mark, seg.end_mark))
-            part.samples += seg.samples
+        _absorb(part, segs[start:])
         self._segments = []
         self._training = True
 
@@ -388,10 +390,7 @@ class StepTracker:
         self.explicit = True
         part = self._current(t, mark)
         if first:
-            for seg in self._segments:  # undecided fetches and forwards are this step's
-                if seg.kind in part.acc:
-                    part.acc[seg.kind] += seg.end - seg.begin
-                part.samples += seg.samples
+            _absorb(part, self._segments)  # undecided fetches and forwards are this step's
             self._segments = []
             if self._done is not None:
                 self._done.absorb(part)  # the automatic end was not the end: this call is

@@ -50,7 +50,7 @@ def summarise_window(msg: dict[str, Any]) -> dict[str, Any]:
                 "share": k["share"]} for k in analysis["top_kernels"]]
     steps = msg.get("active_steps")
     return {
-        **msg, "top_ops": ops[:TOP_N], "top_kernels": kernels[:TOP_N], "ops_total": analysis.get("ops_total"),
+        **msg, "top_ops": ops, "top_kernels": kernels, "ops_total": analysis.get("ops_total"),
         # a CPU run has no device to wait for: an .item() there is a plain read, not a sync
         "syncs_per_step": analysis["syncs_per_step"] if gpu else None,
         "device_busy": analysis["busy"] if gpu else None,
