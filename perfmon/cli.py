@@ -2,6 +2,7 @@
 
     perfmon [OPTIONS] SCRIPT [ARGS...]       dashboard of a training script
     perfmon [OPTIONS] -m MODULE [ARGS...]    like python -m
+    perfmon [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS...]   every rank of a torchrun job
     perfmon report RUN_DIR [--json]          summary of a recording
 
 Options come before the script; everything after it goes to the script untouched.
@@ -31,6 +32,7 @@ def _run_parser() -> _Parser:
         prog="perfmon",
         description="Live performance monitor for PyTorch training, in the terminal.",
         usage="perfmon [OPTIONS] SCRIPT [ARGS...] | perfmon [OPTIONS] -m MODULE [ARGS...] | "
+        "perfmon [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS...] | "
         "perfmon report RUN [--json] | perfmon trace PATH [--json] | perfmon ls | perfmon attach [PID|RUN] | perfmon replay RUN",
         epilog="Options come before the script; everything after the script is passed to it untouched.",
     )
@@ -261,7 +263,11 @@ def _main(argv: list[str] | None = None) -> int:
     from perfmon.monitor.launch import LaunchError, Target, TrainingProcess, check_target
     from perfmon.paths import default_run_dir
 
-    target = Target(script=None if args.module else rest[0], module=args.module, args=rest if args.module else rest[1:])
+    if args.module is None and rest[0] == "torchrun":
+        target = Target(script=None, module=None, args=rest[1:], torchrun=True)
+    else:
+        target = Target(script=None if args.module else rest[0], module=args.module,
+                        args=rest if args.module else rest[1:])
     if args.interval <= 0:
         _run_parser().error("--interval must be positive")
     env = _agent_env(args)
@@ -281,6 +287,10 @@ def _main(argv: list[str] | None = None) -> int:
         print("perfmon: no terminal (stdin/stdout is not a TTY): running headless; script output on stdout, "
               "status on stderr (--headless says so explicitly)", file=sys.stderr)
         args.headless = True
+    if args.headless and target.torchrun:
+        from perfmon.monitor.job_run import run_headless_job
+
+        return run_headless_job(proc, args.interval, rules=rules)
     if args.headless:
         from perfmon.monitor.headless import run_headless
 

@@ -121,3 +121,71 @@ def default_run_dir(target: str, root: Path | None = None, now: float | None = N
         n += 1
         candidate = root / f"{stamp}-{name}-{n}"
     return candidate
+
+
+#: Set by ``perfmon torchrun``: the job's workers record in ``RUN/rank-K/`` even when there is one of them.
+RANKS_ENV = "PERFMON_RANKS"
+RANK_DIR_PREFIX = "rank-"
+
+
+def _env_int(env: dict[str, str] | os._Environ[str], name: str) -> int | None:
+    value = env.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def placement(env: dict[str, str] | os._Environ[str] | None = None) -> dict[str, int | str | None]:
+    """Where this process sits in a multi-process job, from the launcher's environment (torchrun, Slurm
+    through torchrun, or any launcher that sets ``RANK``/``WORLD_SIZE``): rank, local rank, world size,
+    node (torchrun's ``GROUP_RANK``) and the job's id. All None outside such a job."""
+    env = os.environ if env is None else env
+    rank = _env_int(env, "RANK")
+    world = _env_int(env, "WORLD_SIZE")
+    if rank is None or world is None:
+        return {"rank": None, "local_rank": _env_int(env, "LOCAL_RANK"), "world_size": None,
+                "local_world_size": None, "node": None, "job_id": None}
+    node = _env_int(env, "GROUP_RANK")
+    if node is None:
+        node = _env_int(env, "SLURM_NODEID")
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    job_id = (run_id if run_id and run_id != "none" else env.get("SLURM_JOB_ID")) or f"{os.getppid()}"
+    return {"rank": rank, "local_rank": _env_int(env, "LOCAL_RANK"), "world_size": world,
+            "local_world_size": _env_int(env, "LOCAL_WORLD_SIZE"), "node": node, "job_id": job_id}
+
+
+def is_ranked(where: dict[str, int | str | None], env: dict[str, str] | os._Environ[str] | None = None) -> bool:
+    """This process records as one rank of a job (``RUN/rank-K/``): a world of more than one, or
+    ``perfmon torchrun`` said so."""
+    env = os.environ if env is None else env
+    world = where.get("world_size")
+    return where.get("rank") is not None and (env.get(RANKS_ENV) == "1" or (isinstance(world, int) and world > 1))
+
+
+def rank_dir(job_dir: Path, rank: int) -> Path:
+    return job_dir / f"{RANK_DIR_PREFIX}{rank}"
+
+
+def job_run_dir(target: str, job_id: str, root: Path | None = None) -> Path:
+    """The run dir every rank of one job agrees on without talking: ``./perfmon-runs/<date>-<script>-<job id>/``
+    (torchrun's run id, else Slurm's job id, else the launcher's pid on this node)."""
+    root = root or Path.cwd() / "perfmon-runs"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(target).stem if target.endswith(".py") else target) or "run"
+    ident = re.sub(r"[^A-Za-z0-9_.-]+", "_", job_id)[:40]
+    return root / f"{time.strftime('%Y%m%d')}-{name}-job{ident}"
+
+
+def rank_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """The ranks recorded under a job's run dir, by rank (empty for a single-process run); a rank that
+    torchrun restarted is read from its latest attempt (``rank-K.restartN``)."""
+    latest: dict[int, tuple[int, Path]] = {}
+    try:
+        entries = list(run_dir.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        match = re.fullmatch(rf"{RANK_DIR_PREFIX}(\d+)(?:\.restart(\d+))?", entry.name)
+        if match is None or not entry.is_dir():
+            continue
+        rank, attempt = int(match.group(1)), int(match.group(2) or 0)
+        if rank not in latest or attempt > latest[rank][0]:
+            latest[rank] = (attempt, entry)
+    return [(rank, latest[rank][1]) for rank in sorted(latest)]

@@ -27,20 +27,36 @@ def _meta(target: str, argv: list[str], module: bool, run_dir: Path) -> dict[str
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
-    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
+    where = paths.placement()
     return {
         "script": target, "module": module, "argv": argv, "cwd": os.getcwd(), "pid": os.getpid(),
         "start": time.time(), "run_dir": str(run_dir), "python": sys.executable,
         "python_version": sys.version.split()[0], "torch": torch_version, "cuda": None,
-        "host": socket.gethostname(), "rank": int(rank) if rank and rank.isdigit() else None,
+        "host": socket.gethostname(), "rank": where["rank"], "local_rank": where["local_rank"],
+        "world_size": where["world_size"], "node": where["node"],
         "peak_tflops": float(os.environ["PERFMON_PEAK_TFLOPS"]) if os.environ.get("PERFMON_PEAK_TFLOPS") else None,
         "window_peaks": os.environ.get("PERFMON_WINDOW_PEAKS") != "0",
     }
 
 
+def _run_dir(target: str) -> Path:
+    """PERFMON_RUN_DIR (the launcher's choice) or a new dir; one rank of a multi-process job records in
+    ``rank-K/`` of the job's dir, which all its ranks name alike."""
+    where = paths.placement()
+    given = os.environ.get("PERFMON_RUN_DIR")
+    if not paths.is_ranked(where):
+        return Path(given or paths.default_run_dir(target))
+    job = Path(given) if given else paths.job_run_dir(target, str(where["job_id"]))
+    rank_dir = paths.rank_dir(job, int(where["rank"] or 0))
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart.isdigit() and int(restart) > 0:  # torchrun restarted the workers: a new recording beside the old
+        rank_dir = rank_dir.with_name(f"{rank_dir.name}.restart{restart}")
+    return rank_dir
+
+
 def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | None:
     """Create and start the agent; returns None (and says why) if it cannot start."""
-    run_dir = Path(os.environ.get("PERFMON_RUN_DIR") or paths.default_run_dir(target))
+    run_dir = _run_dir(target)
     try:
         interval = float(os.environ.get("PERFMON_SAMPLE_INTERVAL") or 1.0)
         agent = Agent(run_dir, _meta(target, argv, module, run_dir), sample_interval=interval if interval > 0 else None)

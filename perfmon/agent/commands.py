@@ -84,7 +84,9 @@ class Commands:
         with self._lock:
             self._queue.append((name, msg, answer))
             self.pending = True
-        answer({"ok": True, "done": False, "message": f"{name}: starts at the next step boundary"})
+        at = msg.get("at_step")
+        when = f"at step {at}" if isinstance(at, int) and at > self.boundaries else "at the next step boundary"
+        answer({"ok": True, "done": False, "message": f"{name}: starts {when}"})
 
     # -- training thread ---------------------------------------------------------------------------
     def boundary(self) -> None:
@@ -115,9 +117,15 @@ class Commands:
             self.memory.boundary()  # one more step of allocation history; the snapshot after the last
         with self._lock:
             queue, self._queue = self._queue, []
-            self.pending = False
-        for name, msg, answer in queue:
-            getattr(self, f"_do_{name}")(msg, answer)
+            # a window asked for at a later step (every rank of a job starts it at the same step) waits
+            later = [q for q in queue if isinstance(q[1].get("at_step"), int) and q[1]["at_step"] > self.boundaries]
+            self._queue = later
+            self.pending = bool(later)
+        waiting = {id(q) for q in later}
+        for item in queue:
+            if id(item) not in waiting:
+                name, msg, answer = item
+                getattr(self, f"_do_{name}")(msg, answer)
         if self.window is None and self._periodic_due():
             self._start_window("periodic", lambda r: None)
             if self._next_every is not None:

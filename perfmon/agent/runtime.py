@@ -215,8 +215,11 @@ class Agent:
         """summary.json is analysis: written outside the job. A launcher still waiting for this process
         writes it itself; otherwise (perfmon.instrument(), a detached launcher, torchrun) a detached
         ``perfmon report RUN --write-summary`` does, so the job never loads state, rules or report."""
-        if os.environ.get("PERFMON_LAUNCHER_PID") == str(os.getppid()):
+        launcher = os.environ.get("PERFMON_LAUNCHER_PID")
+        if launcher == str(os.getppid()):
             return
+        if os.environ.get("PERFMON_RANKS") == "1" and launcher and launcher.isdigit() and _alive(int(launcher)):
+            return  # one rank of `perfmon torchrun`: its launcher writes every rank's summary and the job's
         try:
             import subprocess
 
@@ -421,6 +424,16 @@ class Agent:
         tmp.write_text(json.dumps(info))
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _ms(seconds: float) -> float:

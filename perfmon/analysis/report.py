@@ -269,7 +269,13 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def report_main(run_dir: Path, as_json: bool, rules: Any = None, write: bool = False) -> int:
-    """``perfmon report RUN [--json] [--rules FILE] [--write-summary]``."""
+    """``perfmon report RUN [--json] [--rules FILE] [--write-summary]``; a job's run dir reports every rank."""
+    from perfmon.analysis.job import is_job_dir
+
+    if is_job_dir(run_dir_of(run_dir)):
+        from perfmon.analysis.job_report import job_report_main
+
+        return job_report_main(run_dir_of(run_dir), as_json, rules, write)
     state = load_recording(run_dir)
     findings = None
     if rules is not None:

@@ -24,7 +24,10 @@ class Hello(Message):
     torch: str | None = None
     cuda: bool | None = None  # None until the job has imported torch
     host: str | None = None
-    rank: int | None = None
+    rank: int | None = None  # one process of a multi-process job (torchrun's RANK)
+    local_rank: int | None = None
+    world_size: int | None = None
+    node: int | None = None  # torchrun's GROUP_RANK: which machine of the job
     peak_tflops: float | None = None  # --peak-tflops
     window_peaks: bool | None = None
     gpus: tuple[GpuSample, ...] = ()  # the visible GPUs' static facts

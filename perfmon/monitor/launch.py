@@ -32,18 +32,61 @@ class Target:
     script: str | None
     module: str | None
     args: list[str] = field(default_factory=list)
+    #: ``perfmon torchrun ...``: ``args`` are torchrun's whole command line (its options, script, script args).
+    torchrun: bool = False
 
     @property
     def name(self) -> str:
+        if self.torchrun:
+            found = torchrun_script(self.args)
+            return found[0] if found else "torchrun"
         return self.module or self.script or "run"
 
     def agent_argv(self) -> list[str]:
         head = ["-m", self.module] if self.module else [self.script or ""]
         return [*head, *self.args]
 
+    def command(self, python: str) -> list[str]:
+        """The job's command line: the agent around the script, or torchrun with the agent around each worker."""
+        if self.torchrun:
+            return [python, "-m", "perfmon.agent.torchrun", *self.args]
+        return [python, "-m", "perfmon.agent", *self.agent_argv()]
+
+
+#: torchrun options that are flags (everything else that starts with - takes a value).
+_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module",
+                   "--redirects", "--tee"}
+
+
+def torchrun_script(argv: list[str]) -> tuple[str, bool] | None:
+    """The script (or ``-m`` module) in a torchrun command line, by torchrun's conventions: options come
+    first, ``--opt=value`` or ``--opt value``; None when there is none. For the run dir's name and an early
+    check only: the job's torchrun parses the line itself."""
+    i, module = 0, False
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-m", "--module"):
+            module = True
+        elif not arg.startswith("-"):
+            return arg, module
+        elif "=" not in arg and arg not in _TORCHRUN_FLAGS:
+            i += 1  # its value
+        i += 1
+    return None
+
 
 def check_target(target: Target, python: str | None) -> None:
     """Fail early, with one clear line, on a missing or unreadable script or module."""
+    if target.torchrun:
+        found = torchrun_script(target.args)
+        if found is None:
+            raise LaunchError("perfmon torchrun: no training script given (perfmon torchrun [torchrun options] "
+                              "SCRIPT [ARGS...])")
+        if not found[1]:
+            check_target(Target(script=found[0], module=None), python)
+        elif python is not None:
+            check_interpreter(python)
+        return
     if target.script is not None:
         path = Path(target.script)
         if not path.exists():
@@ -160,7 +203,7 @@ class TrainingProcess:
         env.update(self._choose_runtime_dir())
         try:
             self.popen = subprocess.Popen(
-                [self.python, "-m", "perfmon.agent", *self.target.agent_argv()],
+                self.target.command(self.python),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True, env=env,
             )

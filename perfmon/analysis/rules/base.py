@@ -65,6 +65,11 @@ class Config:
     creep_min_points: int = 20
     optimizer_share: float = 0.25
     optimizer_min_tensors: int = 10
+    straggler_warn: float = 0.10  # a rank this much slower than the median rank
+    straggler_critical: float = 0.20
+    rank_memory_imbalance: float = 0.20
+    rank_memory_min_bytes: int = 1 << 30
+    rank_communication_share: float = 0.30
     disabled: tuple[str, ...] = ()
 
     @classmethod

@@ -1,0 +1,57 @@
+"""``python -m perfmon.agent.torchrun [torchrun options] SCRIPT|-m MODULE [ARGS]``: the real torchrun.
+
+This is ``torch.distributed.run`` itself (its own parser, rendezvous, elastic agent and restarts), with one
+change: each worker runs ``python -m perfmon.agent SCRIPT ARGS`` instead of ``python SCRIPT ARGS``, so
+every rank starts under the agent and records in ``RUN/rank-K/``. Nothing else of the command line is
+touched.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from perfmon import paths
+
+USAGE = "usage: perfmon torchrun [torchrun options] SCRIPT [ARGS...] (or -m MODULE [ARGS...])"
+
+
+def worker_command(script: str, script_args: list[str], module: bool) -> tuple[str, list[str]]:
+    """What torchrun should run in each worker (as ``python -m``): the agent, then the user's target."""
+    return "perfmon.agent", ["-m", script, *script_args] if module else [script, *script_args]
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stderr)
+        if argv:
+            print("torchrun's options: python -m torch.distributed.run --help", file=sys.stderr)
+        return 2
+    from torch.distributed import run as torchrun
+
+    args = torchrun.parse_args(argv)
+    if args.no_python:
+        print("perfmon: error: perfmon torchrun runs Python training scripts; --no-python starts a program "
+              "perfmon cannot instrument", file=sys.stderr)
+        return 2
+    if not args.module and not os.path.isfile(args.training_script):
+        print(f"perfmon: error: can't open file {args.training_script!r}: No such file or directory",
+              file=sys.stderr)
+        return 2
+    args.training_script, args.training_script_args = worker_command(
+        args.training_script, list(args.training_script_args), bool(args.module))
+    args.module = True
+    os.environ[paths.RANKS_ENV] = "1"  # every worker records as a rank, even in a world of one
+    torchrun.run(args)  # raises ChildFailedError when a worker fails; its message names the rank
+    return 0
+
+
+if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except ChildFailedError as exc:
+        # torchrun's own report (which rank, exit code, error file), then its exit status
+        print(str(exc), file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,181 @@
+"""A multi-process job (torchrun, Slurm, any launcher): one :class:`RunState` per rank, and the rows of the
+all-ranks table that the dashboard, headless mode and the report share.
+
+A job's run dir holds ``rank-K/`` per rank, each an ordinary recording. Live, the monitor reads every
+rank's stream; messages carry the rank they came from in :data:`RANK_KEY` (added by the job source,
+never by an agent).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfmon import paths
+from perfmon.analysis.records import Step
+from perfmon.analysis.state import RunState
+from perfmon.protocol import ALL_PHASES
+
+#: The key a job source adds to each message: which rank sent it.
+RANK_KEY = "_rank"
+
+
+class JobState:
+    """Every rank's state, folded from one merged stream (messages tagged with :data:`RANK_KEY`)."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, RunState] = {}
+        self.returncode: int | None = None  # the launcher's (torchrun's) exit status, once it ended
+
+    def rank(self, rank: int) -> RunState:
+        """The state of ``rank`` (made empty on first use)."""
+        state = self.ranks.get(rank)
+        if state is None:
+            state = self.ranks[rank] = RunState()
+        return state
+
+    def apply(self, msg: dict[str, Any]) -> None:
+        rank = msg.get(RANK_KEY)
+        if not isinstance(rank, int):
+            return
+        if msg.get("type") == "reset":
+            self.ranks.clear()
+            return
+        self.rank(rank).apply({k: v for k, v in msg.items() if k != RANK_KEY})
+
+    def process_exited(self, returncode: int) -> None:
+        """The job's launcher ended: ranks that recorded no exit of their own ended with it."""
+        self.returncode = returncode
+        for state in self.ranks.values():
+            if state.exit is None:
+                state.process_exited(returncode)
+
+    @property
+    def world_size(self) -> int:
+        """The world size the ranks reported (or how many ranks were seen)."""
+        sizes = [s.meta.world_size for s in self.ranks.values() if s.meta.world_size]
+        return max(sizes) if sizes else len(self.ranks)
+
+    @property
+    def ended(self) -> bool:
+        """Every rank the job has recorded its exit (the launcher may still be tearing down)."""
+        return bool(self.ranks) and len(self.ranks) >= self.world_size and all(
+            s.exit is not None for s in self.ranks.values())
+
+    def failed_rank(self) -> tuple[int, RunState] | None:
+        """The rank that took the job down: the first to exit with an error of its own (not the SIGTERM
+        torchrun sends the others when one fails)."""
+        failed = [(s.exit.t or 0.0, r, s) for r, s in self.ranks.items()
+                  if s.exit is not None and (s.exit.exception or (s.exit.code not in (0, None)))
+                  and s.exit.signal not in ("SIGTERM", "SIGINT")]
+        if not failed:
+            return None
+        _, rank, state = min(failed, key=lambda x: (x[0], x[1]))
+        return rank, state
+
+
+@dataclass(frozen=True)
+class RankRow:
+    """One rank in the all-ranks table and the report's ``ranks``: steady-state numbers (past warm-up,
+    outside profiler windows) so that ranks compare like for like."""
+
+    rank: int
+    node: int | None
+    host: str | None
+    steps: int
+    step_ms: float | None  # median step time
+    mean_ms: float | None = None  # mean step time: the phases add up to it (what ranks are compared by)
+    steady: int = 0  # the steps these numbers come from
+    phases: dict[str, float] = field(default_factory=dict)  # mean ms per step of each phase
+    allocated_bytes: float | None = None  # the allocator's peak allocated (CUDA), else None
+    util_gpu: float | None = None  # its GPU's utilization now, %
+    cpu_percent: float | None = None
+    rss_bytes: float | None = None
+    roots: tuple[str, ...] = ()  # the model's top-level classes (DataParallel, DistributedDataParallel...)
+    comm_share: float | None = None  # communication kernels' share of busy GPU time, last profiler window
+    status: str = "running"
+
+
+def steady_steps(state: RunState, warmup: int = 30, min_steps: int = 20) -> list[Step]:
+    """The rank's recent steps past warm-up and outside windows; a short run keeps all but its first two."""
+    kept = [s for s in state.recent if not s.windowed]
+    past = [s for s in kept if s.i > warmup]
+    return past if len(past) >= min_steps else [s for s in kept if s.i > 2]
+
+
+def rank_row(rank: int, state: RunState, warmup: int = 30, min_steps: int = 20) -> RankRow:
+    steps = steady_steps(state, warmup, min_steps)
+    durations = [s.dur for s in steps]
+    meta = state.meta
+    gpu = None
+    if state.gpus:
+        local = meta.local_rank if meta.local_rank is not None and meta.local_rank < len(state.gpus) else 0
+        gpu = state.gpus[local]
+    cm = state.cuda_mem
+    host = state.recent_host()
+    profile = state.profiles[-1] if state.profiles else None
+    breakdown = profile.get("breakdown") if isinstance(profile, dict) else None
+    comm = breakdown.get("communication") if isinstance(breakdown, dict) else None
+    return RankRow(
+        rank=rank, node=meta.node, host=meta.host, steps=state.steps,
+        step_ms=statistics.median(durations) if durations else None,
+        mean_ms=sum(durations) / len(durations) if durations else None, steady=len(durations),
+        phases={p: sum(s.ms(p) for s in steps) / len(steps) for p in ALL_PHASES} if steps else {},
+        allocated_bytes=(cm.peak_allocated_bytes if cm else None) or state.peaks.allocated_bytes,
+        util_gpu=gpu.util_gpu if gpu else None,
+        cpu_percent=host.cpu_percent if host else None, rss_bytes=host.rss_bytes if host else None,
+        roots=tuple(state.model.roots) if state.model else (),
+        comm_share=comm if isinstance(comm, int | float) else None,
+        status=state.status,
+    )
+
+
+def rank_rows(job: JobState, warmup: int = 30, min_steps: int = 20) -> list[RankRow]:
+    return [rank_row(r, job.ranks[r], warmup, min_steps) for r in sorted(job.ranks)]
+
+
+def work_ms(rows: list[RankRow]) -> dict[int, float]:
+    """Each rank's own work per step (ms): its mean step less the backward time beyond the quickest rank's.
+
+    In DDP the fast ranks wait for the slowest one inside backward (the gradient all-reduce), so every rank's
+    step takes as long; the wait is what a rank's backward takes beyond the least any rank's takes."""
+    timed = [r for r in rows if r.mean_ms is not None and r.phases]
+    if not timed:
+        return {}
+    least = min(r.phases.get("backward", 0.0) for r in timed)
+    return {r.rank: (r.mean_ms or 0.0) - (r.phases.get("backward", 0.0) - least) for r in timed}
+
+
+def slowest(rows: list[RankRow]) -> RankRow | None:
+    """The rank that does the most work per step: the one the others wait for (None with fewer than two)."""
+    work = work_ms(rows)
+    if len(work) < 2:
+        return None
+    rank = max(work, key=lambda r: (work[r], -r))
+    return next(r for r in rows if r.rank == rank)
+
+
+def load_job(run_dir: Path) -> JobState:
+    """Every rank's recording under ``run_dir`` (``rank-K/events.jsonl``)."""
+    from perfmon.analysis.report import ReportError, load_recording
+
+    job = JobState()
+    ranks = paths.rank_dirs(Path(run_dir))
+    if not ranks:
+        raise ReportError(f"{run_dir}: no rank recordings (rank-K/events.jsonl) in this directory")
+    for rank, path in ranks:
+        try:
+            job.ranks[rank] = load_recording(path)
+        except ReportError:
+            continue  # a rank that never started its agent: the others still tell the story
+    if not job.ranks:
+        raise ReportError(f"{run_dir}: none of its rank dirs holds a recording")
+    return job
+
+
+def is_job_dir(run_dir: Path) -> bool:
+    """A multi-rank job's run dir (``rank-K/`` inside, no recording of its own)."""
+    run_dir = Path(run_dir)
+    return not (run_dir / "events.jsonl").exists() and bool(paths.rank_dirs(run_dir))

@@ -1,0 +1,110 @@
+"""Watching a multi-rank job that perfmon launched (``perfmon torchrun ...``): follow every rank, and
+when the launcher ends, complete each rank's recording and write the job's summaries."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from perfmon import paths
+from perfmon.analysis.job import JobState, load_job, rank_rows
+from perfmon.analysis.job_report import format_job_summary, job_status_line, write_job_summaries
+from perfmon.analysis.report import ReportError
+from perfmon.analysis.rules import Config, evaluate_job
+from perfmon.monitor.headless import LogTail
+from perfmon.monitor.job_source import JobSource
+from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording
+
+
+def job_source(proc: TrainingProcess) -> JobSource:
+    return JobSource(proc.run_dir, proc.runtime_dir, proc.alive, follow=True)
+
+
+def follow_job(source: JobSource, job: JobState, lock: threading.Lock) -> threading.Thread:
+    """Fold every rank's messages into ``job`` on a daemon thread."""
+
+    def run() -> None:
+        for msg in source.messages():
+            with lock:
+                job.apply(msg)
+
+    thread = threading.Thread(target=run, name="perfmon-follow-job", daemon=True)
+    thread.start()
+    return thread
+
+
+def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | None = None) -> dict[str, Any] | None:
+    """The launcher ended: a rank whose agent died without recording its exit gets one (the job's
+    status), every rank's summary.json and the job's are written from the recordings."""
+    job.process_exited(returncode)
+    for rank, rank_dir in paths.rank_dirs(run_dir):
+        state = job.ranks.get(rank)
+        if state is not None and (rank_dir / "events.jsonl").exists():
+            finalize_recording(rank_dir, state, returncode, rules, complete=False)
+    try:
+        recorded = load_job(run_dir)
+    except ReportError:
+        return None
+    recorded.returncode = returncode
+    job.ranks = recorded.ranks
+    return write_job_summaries(recorded, run_dir, rules)
+
+
+def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None) -> int:
+    """``perfmon --headless torchrun ...``: torchrun's output on stdout, the job's status lines and new job
+    findings on stderr, the job summary at the end."""
+    err = err or sys.stderr
+    cfg = rules or Config()
+    job = JobState()
+    lock = threading.Lock()
+    tail = LogTail(proc.run_dir / "output.log", sys.stdout.buffer)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    said: set[tuple[str, Any]] = set()
+
+    def forward(signum: int, frame: Any) -> None:
+        proc.stop()  # torchrun stops its workers, as without perfmon
+
+    for s in previous:
+        signal.signal(s, forward)
+    try:
+        source = job_source(proc)
+        follower = follow_job(source, job, lock)
+        next_status = next_rules = time.monotonic() + 1.0
+        next_status += interval - 1.0
+        while proc.alive():
+            tail.pump()
+            now = time.monotonic()
+            if now >= next_rules:
+                with lock:
+                    found = evaluate_job(rank_rows(job, cfg.warmup_steps, cfg.min_steps), cfg)
+                for finding in found:
+                    key = (finding.id, finding.evidence.get("rank"))
+                    if key not in said:
+                        said.add(key)
+                        print(f"[perfmon] finding [{finding.severity}] {finding.id}: {finding.title}\n"
+                              f"      fix: {finding.fix}", file=err, flush=True)
+                next_rules = now + 5.0
+            if now >= next_status:
+                with lock:
+                    line = job_status_line(job)
+                print(line, file=err, flush=True)
+                next_status = now + interval
+            time.sleep(0.1)
+        returncode = proc.wait()
+        follower.join(timeout=10.0)
+        source.close()
+        tail.pump()
+        with lock:
+            summary = finalize_job(proc.run_dir, job, returncode, rules)
+            if summary is not None:
+                print(format_job_summary(job, summary), file=err, flush=True)
+            else:
+                print(f"perfmon: no rank recorded anything (see {proc.run_dir / 'output.log'})", file=err, flush=True)
+        return exit_status(returncode)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
