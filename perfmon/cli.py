@@ -132,12 +132,12 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _ls(argv: list[str]) -> int:
-    from perfmon.monitor.discovery import live_runs
+    from perfmon.monitor.discovery import group_jobs, live_runs
 
     p = _Parser(prog="perfmon ls", description="Live perfmon runs on this machine.")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    runs = live_runs()
+    runs = group_jobs(live_runs())
     if args.json:
         import json
 
@@ -154,6 +154,10 @@ def _ls(argv: list[str]) -> int:
         status = _status_of(r)
         print(f"{r['pid']:>8}  {started:<19}  {status.get('steps', '?'):>8}  {status.get('monitors', '?'):>8}  "
               f"{' '.join(r.get('argv') or [str(r.get('script'))])}\n{'':>51}{r.get('run_dir')}")
+        if r.get("ranks"):
+            ranks = r["ranks"]
+            print(f"{'':>51}job of {len(ranks)}/{r.get('world_size') or '?'} ranks on this machine: " + ", ".join(
+                f"rank {k.get('rank')} pid {k.get('pid')} step {k.get('steps', '?')}" for k in ranks))
     return 0
 
 
@@ -182,6 +186,8 @@ def _attach(argv: list[str]) -> int:
     args = p.parse_args(argv)
     try:
         run = find_run(args.target)
+        if run.get("ranks"):
+            return _attach_job(run)
         source = LiveSource(Path(run["socket"]), Path(run["run_dir"]))
         source.connect()
     except AttachError as exc:
@@ -205,6 +211,24 @@ def _attach(argv: list[str]) -> int:
     return 0
 
 
+def _attach_job(run: dict) -> int:
+    """Attach to every rank of a live job (its ranks on this machine; their recordings for the rest)."""
+    from perfmon.analysis.job import JobState
+    from perfmon.analysis.state import RunState
+    from perfmon.monitor.discovery import job_alive
+    from perfmon.monitor.job_source import JobSource
+    from perfmon.tui.app import PerfmonApp
+
+    job_dir = Path(run["job_dir"])
+    source = JobSource(job_dir, alive=lambda: job_alive(job_dir), follow=True)
+    app = PerfmonApp(RunState(), source, job_dir, job=JobState())
+    app.run()
+    source.close()
+    if getattr(app, "outcome", "") == "detached":
+        print(f"perfmon: detached; the job continues\n  come back:  perfmon attach {job_dir}", file=sys.stderr)
+    return 0
+
+
 def _replay(argv: list[str]) -> int:
     from perfmon.analysis.report import ReportError, load_recording, run_dir_of
     from perfmon.monitor.sources import PacedReplaySource
@@ -214,6 +238,10 @@ def _replay(argv: list[str]) -> int:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--speed", type=float, default=60.0, help="playback speed, x real time (default 60)")
     args = p.parse_args(argv)
+    from perfmon.analysis.job import is_job_dir
+
+    if is_job_dir(args.run_dir):
+        return _replay_job(args.run_dir)
     try:
         args.run_dir = run_dir_of(args.run_dir)
         load_recording(args.run_dir)  # one clear line for a bad dir before the screen opens
@@ -224,6 +252,23 @@ def _replay(argv: list[str]) -> int:
     from perfmon.tui.app import PerfmonApp
 
     PerfmonApp(RunState(), PacedReplaySource(args.run_dir, speed=args.speed), args.run_dir).run()
+    return 0
+
+
+def _replay_job(run_dir: Path) -> int:
+    """A job's recordings, every rank, read whole (no paced playback across ranks)."""
+    from perfmon.analysis.job import JobState, load_job
+    from perfmon.analysis.report import ReportError
+    from perfmon.analysis.state import RunState
+    from perfmon.monitor.job_source import JobSource
+    from perfmon.tui.app import PerfmonApp
+
+    try:
+        load_job(run_dir)
+    except ReportError as exc:
+        print(f"perfmon: error: {exc}", file=sys.stderr)
+        return 2
+    PerfmonApp(RunState(), JobSource(run_dir, follow=False), run_dir, job=JobState()).run()
     return 0
 
 

@@ -415,6 +415,9 @@ class Agent:
         info = {
             "pid": self.pid, "script": self.meta.get("script"), "argv": self.meta.get("argv"),
             "start": self.meta.get("start"), "rank": self.meta.get("rank"),
+            "world_size": self.meta.get("world_size"), "node": self.meta.get("node"),
+            "job_dir": str(self.run_dir.parent) if self.meta.get("rank") is not None
+            and self.run_dir.name.startswith(paths.RANK_DIR_PREFIX) else None,
             "socket": str(paths.socket_path(self.pid)), "run_dir": str(self.run_dir),
             "protocol": protocol.VERSION, "host": socket.gethostname(),
             "steps": self._discovery_said[0], "monitors": self._discovery_said[1], "updated": time.time(),

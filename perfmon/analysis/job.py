@@ -148,12 +148,27 @@ def work_ms(rows: list[RankRow]) -> dict[int, float]:
     return {r.rank: (r.mean_ms or 0.0) - (r.phases.get("backward", 0.0) - least) for r in timed}
 
 
-def slowest(rows: list[RankRow]) -> RankRow | None:
-    """The rank that does the most work per step: the one the others wait for (None with fewer than two)."""
+def rank_gaps(rows: list[RankRow]) -> dict[int, float]:
+    """How much more each rank does per step than the median of the other ranks, as a fraction: the larger
+    of its mean step's excess (ranks that do not wait for each other) and its work's (:func:`work_ms`)."""
     work = work_ms(rows)
     if len(work) < 2:
+        return {}
+    timed = [r for r in rows if r.rank in work]
+
+    def others(rank: int, value: dict[int, float]) -> float:
+        return statistics.median([v for r, v in value.items() if r != rank])
+
+    mean = {r.rank: r.mean_ms or 0.0 for r in timed}
+    return {r: max(mean[r] / others(r, mean) - 1.0, work[r] / others(r, work) - 1.0) for r in work}
+
+
+def slowest(rows: list[RankRow]) -> RankRow | None:
+    """The rank the others wait for: the largest :func:`rank_gaps` (None with fewer than two ranks)."""
+    gaps = rank_gaps(rows)
+    if not gaps:
         return None
-    rank = max(work, key=lambda r: (work[r], -r))
+    rank = max(gaps, key=lambda r: (gaps[r], -r))
     return next(r for r in rows if r.rank == rank)
 
 

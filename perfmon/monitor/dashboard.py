@@ -25,6 +25,8 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None) -> int:
     """Open the Textual dashboard on ``proc``; returns perfmon's exit status."""
     from perfmon.tui.app import PerfmonApp
 
+    if proc.target.torchrun:
+        return _run_job_dashboard(proc, rules)
     source = connect(proc)
     if not proc.alive() and not (proc.run_dir / "events.jsonl").exists():
         return _early_exit(proc)
@@ -68,3 +70,33 @@ def _wait_stopping(proc: TrainingProcess, grace: float = 10.0) -> None:
             return
         proc.stop()
     done.wait()
+
+
+def _run_job_dashboard(proc: TrainingProcess, rules: Config | None) -> int:
+    """The dashboard over every rank of a ``perfmon torchrun`` job."""
+    from perfmon.analysis.job import JobState
+    from perfmon.monitor.job_run import finalize_job, job_source
+    from perfmon.tui.app import PerfmonApp
+
+    job = JobState()
+    source = job_source(proc)
+    app = PerfmonApp(RunState(), source, proc.run_dir, proc, rules=rules, job=job)
+    app.run()
+    outcome = getattr(app, "outcome", "quit")
+    if outcome == "detached" and proc.alive():
+        print(f"perfmon: detached; the job continues (torchrun pid {proc.pid})\n"
+              f"  come back: perfmon attach {proc.run_dir}\n"
+              f"  output:    {proc.run_dir / 'output.log'}\n"
+              f"  recording: {proc.run_dir}/rank-*/events.jsonl  (perfmon report {proc.run_dir})", file=sys.stderr)
+        return 0
+    if outcome == "stopped" and proc.alive():
+        print(f"perfmon: stopping the job (torchrun pid {proc.pid})...", file=sys.stderr)
+        _wait_stopping(proc)
+    returncode = proc.wait()
+    source.close()
+    summary = finalize_job(proc.run_dir, job, returncode, rules)
+    from perfmon.analysis.job_report import job_status
+
+    print(f"perfmon: {job_status(job) if summary else 'no rank recorded anything'}; run dir {proc.run_dir}",
+          file=sys.stderr)
+    return exit_status(returncode)

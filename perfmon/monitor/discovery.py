@@ -51,13 +51,50 @@ def live_runs() -> list[dict[str, Any]]:
     return runs
 
 
+def group_jobs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Live runs with the ranks of one job folded into one entry: ``{"job_dir", "ranks": [run, ...], ...}``
+    (the lowest rank's fields, steps summed as the lowest rank's); single runs as they are."""
+    jobs: dict[str, list[dict[str, Any]]] = {}
+    out: list[dict[str, Any]] = []
+    for run in runs:
+        job_dir = run.get("job_dir")
+        if isinstance(job_dir, str) and job_dir:
+            if job_dir not in jobs:
+                jobs[job_dir] = []
+                out.append({"job_dir": job_dir, "ranks": jobs[job_dir]})
+            jobs[job_dir].append(run)
+        else:
+            out.append(run)
+    for entry in out:
+        ranks = entry.get("ranks")
+        if isinstance(ranks, list):
+            ranks.sort(key=lambda r: r.get("rank") or 0)
+            first = ranks[0]
+            entry.update({k: first.get(k) for k in ("pid", "start", "argv", "script", "steps", "monitors",
+                                                    "world_size")})
+            entry["run_dir"] = entry["job_dir"]
+    return out
+
+
+def job_alive(job_dir: Path) -> bool:
+    """Some rank of the job at ``job_dir`` still runs on this machine."""
+    resolved = str(Path(job_dir).resolve())
+    return any(str(Path(r.get("job_dir") or "").resolve()) == resolved for r in live_runs() if r.get("job_dir"))
+
+
 class AttachError(Exception):
     """No such live run: the message is for the user."""
 
 
 def find_run(target: str | None) -> dict[str, Any]:
-    """The live run named by a pid or a run dir (or the only live run)."""
-    runs = live_runs()
+    """The live run named by a pid or a run dir (or the only live run); a rank's pid or dir, or a job's dir,
+    names its whole job (an entry with ``ranks``)."""
+    runs = group_jobs(live_runs())
+    for entry in runs:
+        for rank in entry.get("ranks") or ():
+            if target is not None and (target == str(rank.get("pid")) or (not target.isdigit() and Path(
+                    target).resolve() == Path(rank.get("run_dir", "")).resolve())):
+                return entry
     if target is None:
         if len(runs) == 1:
             return runs[0]
@@ -76,7 +113,7 @@ def find_run(target: str | None) -> dict[str, Any]:
         if Path(r.get("run_dir", "")).resolve() == path:
             return r
     if path.is_dir():
-        if (path / "events.jsonl").exists():
+        if (path / "events.jsonl").exists() or paths.rank_dirs(path):
             raise AttachError(f"{target}: this run is not live any more; use perfmon replay {target} or perfmon report {target}")
         raise AttachError(f"{target}: no recording (events.jsonl) in this directory")
     raise AttachError(f"{target}: no such pid or run directory")

@@ -53,9 +53,9 @@ class Target:
         return [python, "-m", "perfmon.agent", *self.agent_argv()]
 
 
-#: torchrun options that are flags (everything else that starts with - takes a value).
-_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module",
-                   "--redirects", "--tee"}
+#: torchrun options that are flags (torch.distributed.run's store_true options; every other option takes a value).
+_TORCHRUN_FLAGS = {"-h", "--help", "--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m",
+                   "--module", "--virtual-local-rank", "--virtual_local_rank"}
 
 
 def torchrun_script(argv: list[str]) -> tuple[str, bool] | None:
@@ -69,7 +69,7 @@ def torchrun_script(argv: list[str]) -> tuple[str, bool] | None:
             module = True
         elif not arg.startswith("-"):
             return arg, module
-        elif "=" not in arg and arg not in _TORCHRUN_FLAGS:
+        elif "=" not in arg and arg not in _TORCHRUN_FLAGS and not (len(arg) > 2 and arg[1] != "-"):  # -t3: joined
             i += 1  # its value
         i += 1
     return None

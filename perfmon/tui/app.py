@@ -14,7 +14,7 @@ from perfmon.tui.widgets.findings import FindingsPanel
 from perfmon.tui.widgets.logpanel import LogPanel
 from perfmon.tui.widgets.ops import SORTS, OpsInfo, OpsPanel
 from perfmon.tui.widgets.phases import PhasesPanel
-from perfmon.tui.widgets.views import VIEW_IDS, VIEWS
+from perfmon.tui.widgets.views import RANKS_VIEW, VIEW_IDS, VIEWS
 
 NOT_CONNECTED = "not connected: replay/finished run"
 
@@ -38,6 +38,9 @@ KEYS: list[Binding] = [
     *(Binding(str(i), f"view('{view}')", "View", show=i == 1,
               key_display=f"1-{len(VIEWS)}" if i == 1 else None, group=VIEW_GROUP, tooltip=f"views: {label}")
       for i, (view, label) in enumerate(VIEWS, 1)),
+    Binding(str(len(VIEWS) + 1), f"view('{RANKS_VIEW[0]}')", "Ranks", tooltip="multi-rank job: every rank in a "
+            "table, the job's findings (its keys act on every rank)"),
+    Binding("r", "next_rank", "Rank", tooltip="multi-rank job: the next rank in every per-rank view"),
     *(Binding(key, f"command('{name}')", label, show=key == "p", tooltip=text)
       for key, (name, label, text) in COMMANDS.items()),
     Binding("s", "cycle_sort", "Sort", tooltip="ops view: sort by self, total, calls, FLOPs"),
@@ -125,6 +128,36 @@ class PerfmonApp(DashboardShell):
         self.refresh_bindings()
         self.refresh_data()  # the panels of the new view are derived only while it shows
 
+    def action_next_rank(self) -> None:
+        """r (multi-rank job): show the next rank in every per-rank panel."""
+        if self.job is None:
+            return
+        with self.lock:
+            ranks = sorted(self.job.ranks)
+            if not ranks:
+                return
+            after = [r for r in ranks if self.selected is None or r > self.selected]
+            self._select(after[0] if after else ranks[0])
+        self.findings = None
+        self.update_findings()
+        self.refresh_data()
+
+    def _command_targets(self, name: str) -> dict[str, object]:
+        """Where a command goes in a multi-rank job: a profiler window on every rank at one step ahead of
+        the fastest (the traces line up); the others to the rank shown, or every rank from the ranks view."""
+        if self.job is None:
+            return {}
+        with self.lock:
+            states = list(self.job.ranks.values())
+            rate = max((s.steps_per_s() or 0.0 for s in states), default=0.0)
+            ahead = max(2, int(rate * 0.5) + 1)  # half a second of steps: every rank hears of it in time
+            top = max((s.steps for s in states), default=0)
+        if name == "profile":
+            return {"at_step": top + ahead}
+        if self.view == RANKS_VIEW[0] or self.selected is None:
+            return {}
+        return {"ranks": [self.selected]}
+
     def action_cycle_sort(self) -> None:
         """s (ops view): next sort order of the top ops."""
         ops = self.query_one("#ops", OpsPanel)
@@ -138,7 +171,7 @@ class PerfmonApp(DashboardShell):
         if name == "export":
             self._export_window()
             return
-        cmd: dict[str, object] = {"name": name, "id": len(self.commands_sent) + 1}
+        cmd: dict[str, object] = {"name": name, "id": len(self.commands_sent) + 1, **self._command_targets(name)}
         sent = False
         if self.source is not None and not self.job_ended:
             try:
@@ -177,6 +210,8 @@ class PerfmonApp(DashboardShell):
             return False
         if action == "cycle_sort":
             return self.view == "ops"
+        if action == "next_rank" or (action == "view" and parameters == (RANKS_VIEW[0],)):
+            return self.job is not None
         if action == "replay":
             return self.mode.player is not None
         if action in ("command", "detach") and not self.live:
@@ -198,6 +233,8 @@ class PerfmonApp(DashboardShell):
                 continue
             if binding.group is REPLAY_GROUP:
                 continue  # one row, and only in a replay
+            if self.job is None and binding.action in ("next_rank", f"view('{RANKS_VIEW[0]}')"):
+                continue
             keys, text = seen.setdefault(binding.action, ([], binding.tooltip or binding.description))
             keys.append(binding.key_display or binding.key)
         rows = [(", ".join(keys), text) for keys, text in seen.values()]

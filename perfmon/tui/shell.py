@@ -28,7 +28,8 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer
 
 from perfmon import messages
-from perfmon.analysis.rules import Config, Engine, evaluate_once
+from perfmon.analysis.job import JobState, rank_rows
+from perfmon.analysis.rules import Config, Engine, evaluate_job, evaluate_once
 from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import Source
 from perfmon.tui import workers
@@ -43,6 +44,7 @@ from perfmon.tui.widgets.logpanel import LogPanel, last_frame
 from perfmon.tui.widgets.model import ModelInfo, ModelPanel
 from perfmon.tui.widgets.ops import OpsInfo, OpsPanel
 from perfmon.tui.widgets.phases import PhaseInfo, PhasesPanel
+from perfmon.tui.widgets.ranks import RanksInfo, RanksPanel
 from perfmon.tui.widgets.views import ViewBar, ViewBarInfo
 
 TICK_S = 1.0
@@ -79,9 +81,14 @@ class DashboardShell(App[None]):
         run_dir: Path | None,
         process: workers.TrainingProcessLike | None = None,
         rules: Config | None = None,
+        job: JobState | None = None,
     ) -> None:
         super().__init__()
         self.state = state
+        #: A multi-rank job: every rank's state; ``state`` is then the selected rank's (``r`` cycles).
+        self.job = job
+        self.selected: int | None = None
+        self._engines: dict[int, Engine] = {}
         self.source = source
         self.run_dir = run_dir if run_dir is not None else getattr(source, "run_dir", None)
         self.process = process
@@ -116,6 +123,8 @@ class DashboardShell(App[None]):
     def job_ended(self) -> bool:
         """The job is over: exit seen, process gone, or (no process) the stream ended."""
         ended_alone = self.process is None and self.stream_ended
+        if self.job is not None:  # one rank's exit is not the job's: the launcher's, or every rank's stream
+            return self.process_ended or ended_alone
         return self.state.exit is not None or self.process_ended or ended_alone
 
     @property
@@ -146,13 +155,14 @@ class DashboardShell(App[None]):
             yield OpsPanel(id="ops")
             yield FindingsSummary(id="summary")
             yield FindingsPanel(id="findings")
+            yield RanksPanel(id="ranks")
             yield LogPanel(id="log")
         yield Footer()
 
     def on_mount(self) -> None:
         for panel, title in (("#phases", "step phases"), ("#device", "device"), ("#host", "host"),
                              ("#model", "model"), ("#ops", "top ops"), ("#summary", "findings"),
-                             ("#findings", "findings")):
+                             ("#findings", "findings"), ("#ranks", "ranks")):
             self.query_one(panel).border_title = title
         self.query_one("#findings", FindingsPanel).border_subtitle = "↑↓ move · Enter opens"
         self.query_one(LogPanel).log_widget.focus()
@@ -181,7 +191,8 @@ class DashboardShell(App[None]):
         # Only the panels the current view shows are derived (a view switch refreshes at once): at ~2 redraws a
         # second, deriving hidden panels was a good part of the dashboard's CPU.
         shows = {"phases": view == "overview", "resources": view in ("overview", "device"),
-                 "model": view in ("model", "device"), "ops": view == "ops"}
+                 "model": view in ("model", "device"), "ops": view == "ops",
+                 "ranks": view == "ranks" and self.job is not None}
         with self.lock:
             self._dirty = False
             header = self._header_info()
@@ -190,6 +201,7 @@ class DashboardShell(App[None]):
             host = HostInfo.from_state(self.state, span) if shows["resources"] else None
             model = ModelInfo.from_state(self.state) if shows["model"] else None
             ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.now()) if shows["ops"] else None
+            ranks = RanksInfo.from_job(self.job, self.selected, self.engine.cfg) if shows["ranks"] and self.job else None
             capturing = self.state.profiling is not None
             results = self._results.new(self.state.command_results)
             exit_ = self.state.exit
@@ -206,6 +218,8 @@ class DashboardShell(App[None]):
             self.query_one("#model", ModelPanel).info = model
         if ops_info is not None:
             ops.info = ops_info
+        if ranks is not None:
+            self.query_one("#ranks", RanksPanel).info = ranks
         self._update_bar(capturing=capturing)
         log.exception, log.where = exception, where
         for result in results:
@@ -226,6 +240,9 @@ class DashboardShell(App[None]):
             stream_ended=self.stream_ended and self.process is None, now=self.now(),
             findings=self.findings, data_warn=self.engine.cfg.data_warn,
         )
+        if self.job is not None:
+            where = f"rank {self.selected} of {self.job.world_size}" if self.selected is not None else "no rank yet"
+            info = replace(info, mode=f"{info.mode} · {where}".strip(" ·"))
         if self.stream_error:
             return replace(info, mode=f"{info.mode} · {self.stream_error}".strip(" ·"))
         return info
@@ -265,6 +282,9 @@ class DashboardShell(App[None]):
                 self.engine.update(self.state)
                 active = self.engine.active
             evaluated = self.state.steps >= cfg.warmup_steps + cfg.min_steps
+            if self.job is not None:  # the findings across ranks (a straggler) come first in every rank's list
+                across = evaluate_job(rank_rows(self.job, cfg.warmup_steps, cfg.min_steps), cfg)
+                active = sorted([*across, *active], key=lambda f: f.rank, reverse=True)
         findings = FindingsInfo.from_findings(active, evaluated)
         if findings == self.findings:
             return
@@ -283,6 +303,7 @@ class DashboardShell(App[None]):
             current=self.view, findings=len(findings), severity=findings[0].severity if findings else "",
             capturing=bar.info.capturing if capturing is None else capturing,
             span=self.query_one("#phases", PhasesPanel).span[0],
+            ranks=self.job is not None, rank=f"rank {self.selected}" if self.selected is not None else "",
         )
 
     # -- messages from the workers ----------------------------------------------------------
@@ -312,6 +333,13 @@ class DashboardShell(App[None]):
 
     def _fold(self, msg: dict[str, Any]) -> None:
         """One message into the state (on the pump's thread; read before taking the lock)."""
+        if self.job is not None:
+            with self.lock:
+                self.job.apply(msg)
+                if self.selected is None and self.job.ranks:
+                    self._select(min(self.job.ranks))
+                self._dirty = True
+            return
         parsed = messages.parse(msg)
         with self.lock:
             self.state.apply(parsed)
@@ -319,10 +347,22 @@ class DashboardShell(App[None]):
                 self.engine = Engine(self.engine.cfg)
             self._dirty = True
 
+    def _select(self, rank: int) -> None:
+        """Show ``rank`` in every per-rank panel (call with the lock held); each rank keeps its own findings."""
+        assert self.job is not None
+        if self.selected is not None:
+            self._engines[self.selected] = self.engine
+        self.selected = rank
+        self.state = self.job.rank(rank)
+        self.engine = self._engines.get(rank) or Engine(self.engine.cfg)
+        self._results = ResultFeed()
+        self._results.new(self.state.command_results)  # what this rank answered before is not news
+
     @work(thread=True, exit_on_error=False, group="process")
     def _watch_process(self) -> None:
         assert self.process is not None
-        workers.wait_for_exit(self.process, self.state, self.lock, self.post_message, self._bg_stop)
+        target = self.job if self.job is not None else self.state
+        workers.wait_for_exit(self.process, target, self.lock, self.post_message, self._bg_stop)
 
     @work(thread=True, exit_on_error=False, group="output")
     def _tail_output(self) -> None:

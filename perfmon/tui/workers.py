@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from textual.message import Message
 
+from perfmon.analysis.job import JobState
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import Source
@@ -84,7 +85,7 @@ def follow_source(source: Source, fold: Callable[[dict[str, Any]], None], post: 
     post(StreamEnded(error))
 
 
-def wait_for_exit(process: TrainingProcessLike, state: RunState, lock: threading.Lock, post: Post,
+def wait_for_exit(process: TrainingProcessLike, state: RunState | JobState, lock: threading.Lock, post: Post,
                   stop: threading.Event) -> None:
     """Wait for the launched process, then fold its exit into the state and post :class:`ProcessExited`.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from perfmon.analysis.job import RankRow, work_ms
+from perfmon.analysis.job import RankRow, rank_gaps
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
 from perfmon.protocol import ALL_PHASES
 
@@ -83,18 +83,15 @@ def straggler(rows: list[RankRow], cfg: Config) -> Finding | None:
     timed = [r for r in rows if r.mean_ms and r.phases and r.steady >= cfg.min_steps]
     if len(timed) < 2:
         return None
-    # in DDP every rank's step takes as long (the fast ones wait inside backward): compare work, and steps
-    work = work_ms(timed)
-
-    def others(r: RankRow, value: Callable[[RankRow], float]) -> float:
-        return _median([value(o) for o in timed if o.rank != r.rank])  # the median of the other ranks
-
-    gaps = {r.rank: max((r.mean_ms or 0.0) / others(r, lambda o: o.mean_ms or 0.0) - 1.0,
-                        work[r.rank] / others(r, lambda o: work[o.rank]) - 1.0) for r in timed}
+    gaps = rank_gaps(timed)
     slow = max(timed, key=lambda r: (gaps[r.rank], -r.rank))
     gap = gaps[slow.rank]
     if gap <= cfg.straggler_warn:
         return None
+
+    def others(r: RankRow, value: Callable[[RankRow], float]) -> float:
+        return _median([value(o) for o in timed if o.rank != r.rank])  # the median of the other ranks
+
     median_step = others(slow, lambda o: o.mean_ms or 0.0)
     excess = {p: slow.phases.get(p, 0.0) - others(slow, lambda o, p=p: o.phases.get(p, 0.0)) for p in ALL_PHASES}
     phase = max(excess, key=lambda p: excess[p])

@@ -17,7 +17,9 @@ VIEWS: tuple[tuple[str, str], ...] = (
     ("overview", "overview"), ("device", "device"), ("model", "model"), ("ops", "ops"),
     ("findings", "findings"), ("output", "output"),
 )
-VIEW_IDS = tuple(v for v, _ in VIEWS)
+#: A multi-rank job adds the all-ranks view (key 7).
+RANKS_VIEW = ("ranks", "ranks")
+VIEW_IDS = (*(v for v, _ in VIEWS), RANKS_VIEW[0])
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class ViewBarInfo:
     severity: str = ""  # worst finding's
     capturing: bool = False
     span: str = ""
+    ranks: bool = False  # a multi-rank job: the ranks view is offered
+    rank: str = ""  # the rank the other views show
 
 
 class ViewBarView:
@@ -41,7 +45,7 @@ class ViewBarView:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         st, info = self.styles, self.info
         tabs = Text(no_wrap=True, overflow="ellipsis")
-        for i, (view, label) in enumerate(VIEWS, 1):
+        for i, (view, label) in enumerate((*VIEWS, RANKS_VIEW) if info.ranks else VIEWS, 1):
             active = view == info.current
             tabs.append(f" {i} ", st["active-key"] if active else st["key"])
             tabs.append(f"{label} ", st["active"] if active else st["name"])
@@ -51,6 +55,8 @@ class ViewBarView:
                 tabs.append("● ", st["capturing"])
             tabs.append(" ")
         right = Text(no_wrap=True)
+        if info.rank:
+            right.append(info.rank, st["active"]).append("  ")
         if info.span:
             right.append("span ", st["name"]).append(info.span, st["span"])
         grid = Table.grid(expand=True)
