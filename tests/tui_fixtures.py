@@ -210,6 +210,9 @@ def write_recording(
     profile: bool = True,
     capturing: bool = False,
     window_peaks: bool = False,
+    rank: int = 0,
+    world_size: int | None = None,
+    adjust: Callable[[list[float]], list[float]] | None = None,
 ) -> Path:
     """Write ``run_dir/events.jsonl`` (and ``output.log``); ``exit`` is "ok", "failed" or None (running).
 
@@ -224,8 +227,11 @@ def write_recording(
     timed: list[tuple[float, str, dict[str, object]]] = []  # (t, type, fields), sorted by t before writing
     hello: dict[str, object] = dict(
         script="train.py", argv=ARGV, pid=PID, start=START, run_dir=str(run_dir), python="3.11.7",
-        torch="2.13.0+cu128" if gpu else "2.13.0+cpu", cuda=gpu, host="gpu-box-07", rank=0,
+        torch="2.13.0+cu128" if gpu else "2.13.0+cpu", cuda=gpu, host="gpu-box-07", rank=rank,
     )
+    if world_size is not None:
+        hello.update(world_size=world_size, local_rank=rank % 8, node=rank // 8, pid=PID + rank,
+                     host=f"gpu-box-{7 + rank // 8:02d}")
     if telemetry:
         hello.update(gpus=[_gpu_static(i) for i in range(gpus)] if gpu else [],
                      gpu_reason=None if gpu else NO_GPU_REASON)
@@ -236,7 +242,10 @@ def write_recording(
     rows: list[list[float | int]] = []
     step_t: dict[int, float] = {}
     for i in range(1, steps + 1):
-        dur, data, forward, backward, optimizer, other = step_row(i)
+        phases = step_row(i)
+        if adjust is not None:
+            phases = adjust(phases)
+        dur, data, forward, backward, optimizer, other = phases
         t += dur / 1000.0
         step_t[i] = t
         rows.append([i, round(t, 6), dur, data, forward, backward, optimizer, other, samples])
@@ -295,6 +304,28 @@ def write_recording(
     if output:
         (run_dir / "output.log").write_text("\n".join(log) + "\n")
     return run_dir
+
+
+def write_job(job_dir: Path, world: int = 4, slow: int = 2, extra_ms: float = 8.0, **kw: object) -> Path:
+    """A DDP job of ``world`` ranks (``job_dir/rank-K/``) where rank ``slow`` loads data ``extra_ms`` slower
+    per step and the others wait as long for it inside backward (the all-reduce), as DDP ranks do."""
+
+    def adjusted(rank: int) -> Callable[[list[float]], list[float]]:
+        def adjust(row: list[float]) -> list[float]:
+            dur, data, forward, backward, optimizer, other = row
+            if rank == slow:
+                data += extra_ms
+            else:
+                backward += extra_ms
+            return [round(x, 3) for x in (dur + extra_ms, data, forward, backward, optimizer, other)]
+
+        return adjust
+
+    for rank in range(world):
+        write_recording(job_dir / f"rank-{rank}", rank=rank, world_size=world, adjust=adjusted(rank),
+                        output=False, **kw)  # type: ignore[arg-type]
+    (job_dir / "output.log").write_text("".join(f"rank {r}: training done\n" for r in range(world)))
+    return job_dir
 
 
 def output_lines(run_dir: Path) -> list[str]:

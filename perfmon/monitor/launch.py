@@ -79,6 +79,9 @@ def check_target(target: Target, python: str | None) -> None:
     """Fail early, with one clear line, on a missing or unreadable script or module."""
     if target.torchrun:
         found = torchrun_script(target.args)
+        if found is not None and {"--no-python", "--no_python"} & set(target.args[:target.args.index(found[0])]):
+            raise LaunchError("perfmon torchrun runs Python training scripts; --no-python starts a program perfmon "
+                              "cannot instrument")
         if found is None:
             raise LaunchError("perfmon torchrun: no training script given (perfmon torchrun [torchrun options] "
                               "SCRIPT [ARGS...])")

@@ -138,6 +138,7 @@ class PerfmonApp(DashboardShell):
                 return
             after = [r for r in ranks if self.selected is None or r > self.selected]
             self._select(after[0] if after else ranks[0])
+            self._chosen = True
         self.findings = None
         self.update_findings()
         self.refresh_data()

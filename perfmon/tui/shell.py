@@ -88,6 +88,7 @@ class DashboardShell(App[None]):
         #: A multi-rank job: every rank's state; ``state`` is then the selected rank's (``r`` cycles).
         self.job = job
         self.selected: int | None = None
+        self._chosen = False  # the user picked a rank with r
         self._engines: dict[int, Engine] = {}
         self.source = source
         self.run_dir = run_dir if run_dir is not None else getattr(source, "run_dir", None)
@@ -336,8 +337,9 @@ class DashboardShell(App[None]):
         if self.job is not None:
             with self.lock:
                 self.job.apply(msg)
-                if self.selected is None and self.job.ranks:
-                    self._select(min(self.job.ranks))
+                lowest = min(self.job.ranks, default=None)
+                if lowest is not None and not self._chosen and self.selected != lowest:
+                    self._select(lowest)  # until the user picks one: the lowest rank (ranks start in any order)
                 self._dirty = True
             return
         parsed = messages.parse(msg)

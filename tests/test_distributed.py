@@ -1,0 +1,126 @@
+"""End to end: ``perfmon --headless torchrun ...`` on a gloo DDP script (demos/ddp/train_ddp.py), compared
+with the same torchrun command without perfmon: output, exit status, steps per rank, one recording per rank,
+the straggler named by rank and phase, a failing rank named with its exception."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_e2e import PERFMON, REPO, env, perfmon, report  # noqa: F401  (env: the private runtime dir)
+
+pytestmark = pytest.mark.e2e
+
+DDP = REPO / "demos" / "ddp" / "train_ddp.py"
+STEPS = 30
+DONE = re.compile(r"rank (\d)/2: (\d+) steps")  # ranks share one stdout: lines may interleave
+
+
+def torchrun(*script_args: str) -> list[str]:
+    """A two-rank job on this machine (--standalone: a free port, so concurrent jobs do not collide)."""
+    return ["--standalone", "--nproc-per-node", "2", str(DDP), *script_args]
+
+
+def plain(args: list[str], environ: dict[str, str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], cwd=tmp, env=environ,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+
+
+def under_perfmon(run: Path, args: list[str], environ: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return perfmon(["--headless", "--interval", "1", "--run-dir", str(run), "torchrun", *args], environ, timeout=180)
+
+
+def done(stdout: str) -> dict[int, int]:
+    """What each rank printed at its end: rank -> the steps it counted itself."""
+    return {int(rank): int(steps) for rank, steps in DONE.findall(stdout)}
+
+
+@pytest.fixture(scope="module")
+def ddp_job(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]  # noqa: F811
+            ) -> Iterator[tuple[Path, subprocess.CompletedProcess[str], dict[str, Any]]]:
+    run = tmp_path_factory.mktemp("ddp") / "run"
+    res = under_perfmon(run, torchrun("--steps", str(STEPS)), env)
+    yield run, res, report(run, env)
+
+
+def test_torchrun_job_runs_as_without_perfmon_and_counts_every_rank(ddp_job, env, tmp_path):  # noqa: F811
+    run, res, summary = ddp_job
+    without = plain(torchrun("--steps", str(STEPS)), env, tmp_path)
+    assert without.returncode == 0, without.stderr[-2000:]
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert done(res.stdout) == done(without.stdout) == {0: STEPS, 1: STEPS}
+    assert summary["world_size"] == 2 and summary["nodes"] == 1
+    assert summary["exit_code"] == 0 and summary["failed_rank"] is None
+    by_rank = {r["rank"]: r for r in summary["ranks"]}
+    assert sorted(by_rank) == [0, 1]
+    for rank, r in by_rank.items():
+        assert r["steps"] == STEPS  # exactly what the script counted on that rank
+        assert r["node"] == 0 and r["exit_code"] == 0
+        assert Path(r["run_dir"]) == run / f"rank-{rank}"
+        assert set(r["phases"]) == {"data", "forward", "backward", "optimizer", "other"}
+        assert r["phases"]["backward"]["mean_ms"] > 0 and r["step_ms"]["p50_ms"] > 0
+        assert (run / f"rank-{rank}" / "events.jsonl").is_file()
+        assert json.loads((run / f"rank-{rank}" / "summary.json").read_text())["steps"] == STEPS
+    assert json.loads((run / "summary.json").read_text())["world_size"] == 2
+    assert "perfmon job summary" in res.stderr and "2 ranks on 1 node" in res.stderr
+
+
+def test_each_rank_records_its_place_in_the_job(ddp_job):
+    run, _, _ = ddp_job
+    for rank in (0, 1):
+        first = json.loads((run / f"rank-{rank}" / "events.jsonl").read_text().splitlines()[0])
+        assert first["type"] == "hello"
+        assert (first["rank"], first["local_rank"], first["world_size"], first["node"]) == (rank, rank, 2, 0)
+
+
+def test_replay_and_report_read_the_whole_job(ddp_job, env):  # noqa: F811
+    run, _, _ = ddp_job
+    text = perfmon(["report", str(run)], env)
+    assert text.returncode == 0, text.stderr
+    assert re.search(r"^\s+0\s+0\s+30\s", text.stdout, re.M) and re.search(r"^\s+1\s+0\s+30\s", text.stdout, re.M)
+
+
+def test_straggler_is_named_by_rank_and_phase(tmp_path, env):  # noqa: F811
+    run = tmp_path / "run"
+    # rank 1's Dataset sleeps 10 ms a batch: in DDP rank 0 then waits for it inside backward
+    res = under_perfmon(run, torchrun("--steps", "60", "--slow-rank", "1", "--delay", "0.01"), env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert done(res.stdout) == {0: 60, 1: 60}
+    found = {f["id"]: f for f in report(run, env)["findings"]}
+    assert "straggler" in found, found.keys()
+    assert found["straggler"]["evidence"]["rank"] == 1
+    assert found["straggler"]["evidence"]["phase"] == "data"
+    assert found["straggler"]["severity"] == "critical"
+    assert "straggler" in res.stderr and "rank 1" in res.stderr
+
+
+def test_a_failing_rank_takes_the_job_down_and_is_named(tmp_path, env):  # noqa: F811
+    args = torchrun("--steps", "40", "--fail-rank", "1", "--fail-at", "5")
+    without = plain(args, env, tmp_path)
+    res = under_perfmon(tmp_path / "run", args, env)
+    assert without.returncode != 0
+    assert res.returncode == without.returncode, res.stderr[-3000:]
+    assert "RuntimeError: rank 1 failed at step 5" in res.stdout  # the rank's own traceback, as torchrun shows it
+    summary = report(tmp_path / "run", env)
+    assert summary["failed_rank"]["rank"] == 1
+    assert "RuntimeError: rank 1 failed at step 5" in summary["failed_rank"]["exception"]
+    assert summary["exit_code"] == res.returncode
+    assert "rank 1 failed: RuntimeError: rank 1 failed at step 5" in res.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "no training script given"),
+    (["--nproc-per-node", "2", "missing.py"], "can't open file 'missing.py'"),
+    (["--no-python", "--nproc-per-node", "2", "echo"], "--no-python"),
+])
+def test_bad_torchrun_command_lines_get_one_line_and_exit_2(args, message, tmp_path, env):  # noqa: F811
+    res = perfmon(["--headless", "--run-dir", str(tmp_path / "run"), "torchrun", *args], env)
+    assert res.returncode == 2
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr
