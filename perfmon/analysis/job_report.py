@@ -114,8 +114,10 @@ def format_job_summary(job: JobState, summary: dict[str, Any]) -> str:
     s = summary
     argv = " ".join(s["argv"]) or s["script"] or "?"
     nodes = s["nodes"]
+    here = f"{len(s['ranks'])} of {s['world_size']} ranks here, on" if len(s["ranks"]) < s["world_size"] else \
+        f"{s['world_size']} ranks on"
     lines = [
-        f"perfmon job summary: {argv}  ({s['world_size']} ranks on {nodes} node{'s' if nodes != 1 else ''})",
+        f"perfmon job summary: {argv}  ({here} {nodes} node{'s' if nodes != 1 else ''})",
         f"  run dir   {s['run_dir']}",
         f"  status    {job_status(job)}",
         f"  steps     {s['steps']} (rank {min(job.ranks)}) in {format_duration(s['elapsed_s'])}",

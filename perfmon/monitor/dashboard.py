@@ -75,13 +75,18 @@ def _wait_stopping(proc: TrainingProcess, grace: float = 10.0) -> None:
 def _run_job_dashboard(proc: TrainingProcess, rules: Config | None) -> int:
     """The dashboard over every rank of a ``perfmon torchrun`` job."""
     from perfmon.analysis.job import JobState
-    from perfmon.monitor.job_run import finalize_job, job_source
+    from perfmon.monitor.job_run import finalize_job, job_source, start_nodes
     from perfmon.tui.app import PerfmonApp
 
     job = JobState()
     source = job_source(proc)
+    node, line = start_nodes(proc, source)
     app = PerfmonApp(RunState(), source, proc.run_dir, proc, rules=rules, job=job)
+    if line:
+        app.notice = line
     app.run()
+    if node is not None and not (getattr(app, "outcome", "") == "detached" and proc.alive()):
+        node.close()
     outcome = getattr(app, "outcome", "quit")
     if outcome == "detached" and proc.alive():
         print(f"perfmon: detached; the job continues (torchrun pid {proc.pid})\n"

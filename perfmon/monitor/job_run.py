@@ -24,6 +24,25 @@ def job_source(proc: TrainingProcess) -> JobSource:
     return JobSource(proc.run_dir, proc.runtime_dir, proc.alive, follow=True)
 
 
+def start_nodes(proc: TrainingProcess, source: JobSource) -> tuple[Any, str | None]:
+    """A multi-node job: this node's hub or relay (:mod:`perfmon.monitor.multinode`), and one line that says
+    which; (None, None) for a job on one node."""
+    from perfmon.monitor import multinode
+
+    try:
+        node = multinode.start(proc.target.args, source, lambda: job_source(proc), proc.alive)
+    except OSError as exc:
+        return None, f"perfmon: multi-node: cannot set up ({exc.strerror or exc}); this node's ranks only"
+    if node is None:
+        return None, None
+    ep = node.ep if isinstance(node, multinode.Relay) else multinode.endpoint(proc.target.args)
+    if isinstance(node, multinode.Hub):
+        return node, (f"perfmon: multi-node job: this node is the hub; the other nodes' ranks arrive on "
+                      f"{ep.host}:{ep.hub_port} (authenticated with the job secret)")
+    return node, (f"perfmon: multi-node job: relaying this node's ranks to the hub at {ep.host}:{ep.hub_port}; "
+                  "every rank shows on that node's dashboard")
+
+
 def follow_job(source: JobSource, job: JobState, lock: threading.Lock) -> threading.Thread:
     """Fold every rank's messages into ``job`` on a daemon thread."""
 
@@ -50,6 +69,8 @@ def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | 
     except ReportError:
         return None
     recorded.returncode = returncode
+    for rank, state in job.ranks.items():  # ranks of other nodes (multi-node hub): as their stream told
+        recorded.ranks.setdefault(rank, state)
     job.ranks = recorded.ranks
     return write_job_summaries(recorded, run_dir, rules)
 
@@ -72,6 +93,9 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
         signal.signal(s, forward)
     try:
         source = job_source(proc)
+        node, line = start_nodes(proc, source)
+        if line:
+            print(line, file=err, flush=True)
         follower = follow_job(source, job, lock)
         next_status = next_rules = time.monotonic() + 1.0
         next_status += interval - 1.0
@@ -97,6 +121,8 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
         returncode = proc.wait()
         follower.join(timeout=10.0)
         source.close()
+        if node is not None:
+            node.close()
         tail.pump()
         with lock:
             summary = finalize_job(proc.run_dir, job, returncode, rules)

@@ -21,6 +21,7 @@ from perfmon.monitor.sources import LiveSource, RecordingReader, ReplaySource, S
 
 POLL_S = 0.25
 _DONE = object()
+_OPENED = object()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -50,6 +51,8 @@ class JobSource(Source):
         self._ranks: dict[int, Source] = {}  # each rank's source, once opened
         self._threads: dict[Path, threading.Thread] = {}
         self.skipped = 0
+        #: Multi-node: the hub that brings the other nodes' ranks (:mod:`perfmon.monitor.multinode`).
+        self.remote: Any = None
 
     # -- the merged stream ---------------------------------------------------------------
     def messages(self) -> Iterator[dict[str, Any]]:
@@ -64,6 +67,8 @@ class JobSource(Source):
             while item is not None:
                 if item is _DONE:
                     running -= 1
+                elif item is _OPENED:
+                    running += 1
                 else:
                     yield item
                 try:
@@ -148,9 +153,23 @@ class JobSource(Source):
             self._closed.wait(POLL_S)
         return None
 
+    # -- other nodes' ranks (multi-node: the hub calls these) --------------------------------------
+    def deliver(self, msg: dict[str, Any]) -> None:
+        """A message of a rank on another node (tagged with its rank by that node's relay)."""
+        if isinstance(msg.get(RANK_KEY), int) and not isinstance(msg.get(RANK_KEY), bool):
+            self._put(msg)
+
+    def remote_opened(self) -> None:
+        self._put(_OPENED)
+
+    def remote_closed(self) -> None:
+        self._put(_DONE)
+
     # -- commands ------------------------------------------------------------------------
     @property
     def connected(self) -> bool:
+        if self.remote is not None and self.remote.relays:
+            return True
         with self._lock:
             return any(getattr(s, "connected", False) for s in self._ranks.values())
 
@@ -167,10 +186,15 @@ class JobSource(Source):
         sent = False
         for _, source in sources:
             sent = source.send(command) or sent
+        if self.remote is not None:  # the other nodes' relays pass it to their ranks (those named, or all)
+            remote = dict(command, ranks=targets) if targets is not None else command
+            sent = self.remote.send(remote) or sent
         return sent
 
     def close(self) -> None:
         self._closed.set()
+        if self.remote is not None:
+            self.remote.close()
         with self._lock:
             sources = list(self._ranks.values())
         for source in sources:

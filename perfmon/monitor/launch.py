@@ -60,16 +60,27 @@ _TORCHRUN_FLAGS = {"-h", "--help", "--standalone", "--no-python", "--no_python",
 
 def torchrun_script(argv: list[str]) -> tuple[str, bool] | None:
     """The script (or ``-m`` module) in a torchrun command line, by torchrun's conventions: options come
-    first, ``--opt=value`` or ``--opt value``; None when there is none. For the run dir's name and an early
-    check only: the job's torchrun parses the line itself."""
-    i, module = 0, False
+    first, ``--opt=value`` or ``--opt value``; None when there is none. For the run dir's name and early
+    checks only: the job's torchrun parses the line itself."""
+    at = _script_index(argv)
+    if at is None:
+        return None
+    return argv[at], any(a in ("-m", "--module") for a in argv[:at])
+
+
+def torchrun_options(argv: list[str]) -> list[str]:
+    """torchrun's own options: the command line up to the script."""
+    at = _script_index(argv)
+    return argv if at is None else argv[:at]
+
+
+def _script_index(argv: list[str]) -> int | None:
+    i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg in ("-m", "--module"):
-            module = True
-        elif not arg.startswith("-"):
-            return arg, module
-        elif "=" not in arg and arg not in _TORCHRUN_FLAGS and not (len(arg) > 2 and arg[1] != "-"):  # -t3: joined
+        if not arg.startswith("-"):
+            return i
+        if "=" not in arg and arg not in _TORCHRUN_FLAGS and not (len(arg) > 2 and arg[1] != "-"):  # -t3: joined
             i += 1  # its value
         i += 1
     return None

@@ -89,6 +89,7 @@ class DashboardShell(App[None]):
         self.job = job
         self.selected: int | None = None
         self._chosen = False  # the user picked a rank with r
+        self.notice: str | None = None  # said once as the dashboard opens (a multi-node job's role)
         self._engines: dict[int, Engine] = {}
         self.source = source
         self.run_dir = run_dir if run_dir is not None else getattr(source, "run_dir", None)
@@ -167,6 +168,8 @@ class DashboardShell(App[None]):
             self.query_one(panel).border_title = title
         self.query_one("#findings", FindingsPanel).border_subtitle = "↑↓ move · Enter opens"
         self.query_one(LogPanel).log_widget.focus()
+        if self.notice:
+            self.notify(self.notice.removeprefix("perfmon: "), title="perfmon", timeout=15)
         self.refresh_data()
         self.set_interval(TICK_S, self._tick)
         self.set_interval(workers.COALESCE_S, self._flush)
