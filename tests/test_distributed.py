@@ -124,3 +124,53 @@ def test_bad_torchrun_command_lines_get_one_line_and_exit_2(args, message, tmp_p
     assert res.returncode == 2
     assert message in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_ranks_that_call_instrument_register_as_one_job_that_attach_reads_whole(tmp_path, env, monkeypatch):  # noqa: F811
+    """No perfmon launcher: torchrun starts the script, each rank calls perfmon.instrument(). ``perfmon ls``
+    shows the job once with its ranks; attaching by one rank's pid reads every rank live."""
+    from test_e2e import wait_for
+
+    from perfmon.analysis.job import JobState
+    from perfmon.monitor.discovery import find_run, job_alive
+    from perfmon.monitor.job_source import JobSource
+
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", env["PERFMON_RUNTIME_DIR"])
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *torchrun(
+        "--steps", "400", "--instrument", "--step-sleep", "0.02")], cwd=tmp_path, env=env,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    source = None
+    try:
+        def listed() -> Any:
+            res = perfmon(["ls", "--json"], env)
+            jobs = [r for r in json.loads(res.stdout or "[]") if len(r.get("ranks") or []) == 2]
+            return jobs[0] if jobs else None
+
+        entry = wait_for(listed, "the job in perfmon ls, with both ranks")
+        assert Path(entry["job_dir"]).parent == tmp_path / "perfmon-runs"
+        assert [r["rank"] for r in entry["ranks"]] == [0, 1]
+        text = perfmon(["ls"], env).stdout
+        assert text.count(entry["job_dir"]) == 1 and "job of 2/2 ranks" in text
+        run = find_run(str(entry["ranks"][1]["pid"]))  # what perfmon attach PID looks up: the whole job
+        assert run["job_dir"] == entry["job_dir"]
+        state = JobState()
+        source = JobSource(Path(run["job_dir"]), alive=lambda: job_alive(Path(run["job_dir"])))
+        for msg in source.messages():
+            state.apply(msg)
+            if len(state.ranks) == 2 and all(s.steps >= 5 for s in state.ranks.values()) \
+                    and source.ranks_connected() == [0, 1]:
+                break
+        assert source.ranks_connected() == [0, 1]  # live, through each rank's own socket
+    finally:
+        if source is not None:
+            source.close()
+        out = job.communicate(timeout=180)[0]
+    assert job.returncode == 0, out[-3000:]
+    assert done(out) == {0: 400, 1: 400}
+    job_dir = Path(entry["job_dir"])
+    # nobody launched it: each rank's exit starts a detached report that writes the summaries
+    summary = wait_for(lambda: (job_dir / "summary.json").exists() and json.loads(
+        (job_dir / "summary.json").read_text()), "the job's summary.json")
+    wait_for(lambda: all(r["steps"] == 400 and r["exit_code"] == 0 for r in json.loads(
+        (job_dir / "summary.json").read_text())["ranks"]), "a summary with both ranks' exits")
+    assert summary["world_size"] == 2

@@ -5,6 +5,7 @@
     perfmon torchrun --nproc-per-node 2 demos/ddp/train_ddp.py --steps 40
     ... --slow-rank 1 --delay 0.02     rank 1's data loading sleeps: a straggler
     ... --fail-rank 1 --fail-at 5      rank 1 raises at step 5: torchrun takes the job down
+    torchrun ... demos/ddp/train_ddp.py --instrument   no perfmon launcher: each rank calls perfmon.instrument()
 """
 
 from __future__ import annotations
@@ -43,7 +44,13 @@ def main() -> None:
     p.add_argument("--delay", type=float, default=0.0, help="seconds per batch on the slow rank")
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-at", type=int, default=5)
+    p.add_argument("--instrument", action="store_true", help="start perfmon's agent here (perfmon attach/ls)")
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds each step sleeps (a slow job to attach to)")
     args = p.parse_args()
+    if args.instrument:
+        import perfmon
+
+        perfmon.instrument()
 
     torch.set_num_threads(1)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -66,6 +73,8 @@ def main() -> None:
         loss.backward()
         opt.step()
         steps += 1
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
     print(f"rank {rank}/{world}: {steps} steps, loss {loss.item():.3f}", flush=True)
     dist.destroy_process_group()
 

@@ -227,7 +227,11 @@ class Agent:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent,
                                                                            os.environ.get("PYTHONPATH")])))
             rules = ["--rules", os.environ["PERFMON_RULES"]] if os.environ.get("PERFMON_RULES") else []
-            subprocess.Popen([sys.executable, "-m", "perfmon.cli", "report", str(self.run_dir), "--write-summary",
+            # one rank of a job: the job's report writes every rank's summary.json and the job's (the last rank to
+            # end writes the complete one)
+            ranked = self.meta.get("rank") is not None and self.run_dir.name.startswith(paths.RANK_DIR_PREFIX)
+            target = self.run_dir.parent if ranked else self.run_dir
+            subprocess.Popen([sys.executable, "-m", "perfmon.cli", "report", str(target), "--write-summary",
                               *rules],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env=env, start_new_session=True, close_fds=True)
