@@ -8,6 +8,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -217,6 +218,7 @@ def test_two_nodes_headless_hub_reports_every_rank_of_every_node(tmp_path: Path,
     finally:
         if node0.poll() is None:
             node0.kill()
+        _kill_jobs(port)
     assert node1.returncode == 0 and node0.returncode == 0, err0[-3000:] + node1.stderr[-3000:]
     assert "this node is the hub" in err0 and "relaying this node's ranks" in node1.stderr
     assert sorted(p.name for p in (tmp_path / "n0").glob("rank-*")) == ["rank-0", "rank-1"]  # recorded locally
@@ -227,6 +229,20 @@ def test_two_nodes_headless_hub_reports_every_rank_of_every_node(tmp_path: Path,
                                                                              (3, 1, 60)}
     straggler = next(f for f in summary["findings"] if f["id"] == "straggler")
     assert (straggler["evidence"]["rank"], straggler["evidence"]["node"]) == (3, 1)
+
+
+def _kill_jobs(port: int) -> None:
+    """Both nodes' torchrun and workers (each in its own session, as perfmon starts jobs: killing a perfmon
+    or its terminal leaves them running), found by the job's rendezvous id."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if "perfmon.agent.torchrun" in cmdline and f"t{port}" in cmdline:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _listening(port: int) -> bool:
@@ -273,3 +289,4 @@ def test_two_nodes_seen_from_node_0s_dashboard_in_a_terminal(tmp_path: Path, env
         if node1 is not None and node1.poll() is None:
             node1.kill()
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+        _kill_jobs(port)

@@ -196,3 +196,49 @@ def test_torchrun_target_is_named_by_its_script(args: list[str], name: str) -> N
     target = Target(script=None, module=None, args=args, torchrun=True)
     assert target.name == name
     assert target.command("py") == ["py", "-m", "perfmon.agent.torchrun", *args]
+
+
+# -- where a process records (perfmon.agent.bootstrap._run_dir) ---------------------------------------------
+_RANK_ENV = ("PERFMON_RUN_DIR", "PERFMON_LAUNCHER_PID", "PERFMON_RANKS", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+             "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "SLURM_JOB_ID", "GROUP_RANK")
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    # `perfmon train.py` in a shell that holds a job's RANK/WORLD_SIZE: where the launcher reads it
+    ({"PERFMON_RUN_DIR": "{tmp}/R", "PERFMON_LAUNCHER_PID": "1", "RANK": "1", "WORLD_SIZE": "2"}, "{tmp}/R"),
+    # `perfmon torchrun`: one dir per rank under the launcher's, even in a world of one
+    ({"PERFMON_RUN_DIR": "{tmp}/R", "PERFMON_LAUNCHER_PID": "1", "PERFMON_RANKS": "1", "RANK": "1",
+      "WORLD_SIZE": "2"}, "{tmp}/R/rank-1"),
+    ({"PERFMON_RUN_DIR": "{tmp}/R", "PERFMON_LAUNCHER_PID": "1", "PERFMON_RANKS": "1", "RANK": "0",
+      "WORLD_SIZE": "1"}, "{tmp}/R/rank-0"),
+    # perfmon.instrument(run_dir=...) under a launcher of ranks: the given dir is the job's
+    ({"PERFMON_RUN_DIR": "{tmp}/J", "RANK": "3", "WORLD_SIZE": "4"}, "{tmp}/J/rank-3"),
+    # a rank torchrun restarted records beside its first attempt
+    ({"PERFMON_RUN_DIR": "{tmp}/J", "RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RESTART_COUNT": "2"},
+     "{tmp}/J/rank-3.restart2"),
+    # perfmon.instrument() with no dir: every rank names the job's dir from torchrun's run id
+    ({"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "abc"}, "{cwd}/perfmon-runs/{date}-train-jobabc/rank-1"),
+])
+def test_where_a_process_records(env: dict[str, str], want: str, tmp_path: Path,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from perfmon.agent.bootstrap import _run_dir
+
+    for name in _RANK_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value.format(tmp=tmp_path))
+    fill = {"tmp": tmp_path, "cwd": tmp_path, "date": time.strftime("%Y%m%d")}
+    assert _run_dir("train.py") == Path(want.format(**fill))
+
+
+def test_a_plain_process_records_in_a_new_dir_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfmon.agent.bootstrap import _run_dir
+
+    for name in _RANK_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    got = _run_dir("train.py")
+    assert got.parent == tmp_path / "perfmon-runs" and got.name.endswith("-train")

@@ -230,8 +230,8 @@ def write_recording(
         torch="2.13.0+cu128" if gpu else "2.13.0+cpu", cuda=gpu, host="gpu-box-07", rank=rank,
     )
     if world_size is not None:
-        hello.update(world_size=world_size, local_rank=rank % 8, node=rank // 8, pid=PID + rank,
-                     host=f"gpu-box-{7 + rank // 8:02d}")
+        hello.update(world_size=world_size, local_rank=rank % 4, node=rank // 4, pid=PID + rank,
+                     host=f"gpu-box-{7 + rank // 4:02d}")  # four GPUs a node
     if telemetry:
         hello.update(gpus=[_gpu_static(i) for i in range(gpus)] if gpu else [],
                      gpu_reason=None if gpu else NO_GPU_REASON)

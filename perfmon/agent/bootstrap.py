@@ -44,7 +44,10 @@ def _run_dir(target: str) -> Path:
     ``rank-K/`` of the job's dir, which all its ranks name alike."""
     where = paths.placement()
     given = os.environ.get("PERFMON_RUN_DIR")
-    if not paths.is_ranked(where):
+    # `perfmon train.py` launched one process: its recording goes where the launcher reads it, whatever
+    # RANK/WORLD_SIZE the environment happens to hold (a shell inside a Slurm step)
+    single = bool(given) and bool(os.environ.get("PERFMON_LAUNCHER_PID")) and os.environ.get(paths.RANKS_ENV) != "1"
+    if single or not paths.is_ranked(where):
         return Path(given or paths.default_run_dir(target))
     job = Path(given) if given else paths.job_run_dir(target, str(where["job_id"]))
     rank_dir = paths.rank_dir(job, int(where["rank"] or 0))

@@ -307,7 +307,7 @@ class DashboardShell(App[None]):
             current=self.view, findings=len(findings), severity=findings[0].severity if findings else "",
             capturing=bar.info.capturing if capturing is None else capturing,
             span=self.query_one("#phases", PhasesPanel).span[0],
-            ranks=self.job is not None, rank=f"rank {self.selected}" if self.selected is not None else "",
+            ranks=self.job is not None,
         )
 
     # -- messages from the workers ----------------------------------------------------------

@@ -19,9 +19,11 @@ from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.styled import LinesPanel
 
 _SHORT = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
-#: (heading, width) of the table's columns after the rank.
+#: (heading, width) of the table's columns after the rank; GPU and CPU, then the status, only where they fit.
 _COLUMNS = (("node", 4), ("step", 7), ("p50 ms", 7), *((_SHORT[p], 6) for p in ALL_PHASES), ("mem", 7),
             ("GPU", 5), ("CPU", 5))
+_CORE = len(_COLUMNS) - 2
+_STATUS_W = 14
 
 
 @dataclass(frozen=True)
@@ -72,10 +74,14 @@ class RanksView:
         if info.slowest is not None:
             head.append(" · slowest ", st["label"]).append(f"rank {info.slowest}", st["slow"])
         out = [head, Text("")]
+        table_w = 6 + sum(w + 1 for _, w in _COLUMNS)
+        columns = _COLUMNS if width >= table_w + 2 else _COLUMNS[:_CORE]
+        status = width >= table_w + 2 + _STATUS_W
         heading = Text("  rank", st["heading"], no_wrap=True, overflow="ellipsis")
-        for name, w in _COLUMNS:
+        for name, w in columns:
             heading.append(f" {name:>{w}}", st["heading"])
-        heading.append("  status", st["heading"])
+        if status:
+            heading.append("  status", st["heading"])
         out.append(heading)
         for row in info.rows:
             line = Text(no_wrap=True, overflow="ellipsis")
@@ -85,11 +91,12 @@ class RanksView:
             cells = ["?" if row.node is None else str(row.node), fmt.count(row.steps), fmt.ms(row.step_ms),
                      *(fmt.ms(row.phases.get(p)) for p in ALL_PHASES), _mem(row), fmt.pct(row.util_gpu),
                      fmt.pct(row.cpu_percent)]
-            for (_, w), cell in zip(_COLUMNS, cells, strict=True):
+            for (_, w), cell in zip(columns, cells, strict=False):
                 line.append(f" {cell:>{w}}", st["value"])
-            line.append(f"  {row.status}", st["label"])
+            if status:
+                line.append(f"  {row.status}", st["label"])
             if row.rank == info.slowest:
-                line.append("  ← slowest", st["slow"])
+                line.append("  ← slowest" if status else " ←", st["slow"])
             out.append(line)
         out.append(Text("phases: mean ms per step past warm-up · r selects the rank the other views show",
                         st["label"], no_wrap=True, overflow="ellipsis"))

@@ -20,6 +20,8 @@ VIEWS: tuple[tuple[str, str], ...] = (
 #: A multi-rank job adds the all-ranks view (key 7).
 RANKS_VIEW = ("ranks", "ranks")
 VIEW_IDS = (*(v for v, _ in VIEWS), RANKS_VIEW[0])
+#: Labels where the full ones do not fit (a job's seven views at 80 columns).
+SHORT_LABELS = {"overview": "over", "device": "dev", "findings": "find", "output": "out"}
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,6 @@ class ViewBarInfo:
     capturing: bool = False
     span: str = ""
     ranks: bool = False  # a multi-rank job: the ranks view is offered
-    rank: str = ""  # the rank the other views show
 
 
 class ViewBarView:
@@ -42,11 +43,13 @@ class ViewBarView:
         self.info = info
         self.styles = styles
 
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+    def _tabs(self, short: bool) -> Text:
+        """The view tabs; ``short``: abbreviated labels (the current view's stays whole)."""
         st, info = self.styles, self.info
         tabs = Text(no_wrap=True, overflow="ellipsis")
         for i, (view, label) in enumerate((*VIEWS, RANKS_VIEW) if info.ranks else VIEWS, 1):
             active = view == info.current
+            label = SHORT_LABELS.get(view, label) if short and not active else label
             tabs.append(f" {i} ", st["active-key"] if active else st["key"])
             tabs.append(f"{label} ", st["active"] if active else st["name"])
             if view == "findings" and info.findings:
@@ -54,11 +57,16 @@ class ViewBarView:
             if view == "ops" and info.capturing:
                 tabs.append("● ", st["capturing"])
             tabs.append(" ")
+        return tabs
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        st, info = self.styles, self.info
         right = Text(no_wrap=True)
-        if info.rank:
-            right.append(info.rank, st["active"]).append("  ")
         if info.span:
             right.append("span ", st["name"]).append(info.span, st["span"])
+        tabs = self._tabs(short=False)
+        if tabs.cell_len + right.cell_len > options.max_width:
+            tabs = self._tabs(short=True)
         grid = Table.grid(expand=True)
         grid.add_column(ratio=1, no_wrap=True, overflow="ellipsis")
         grid.add_column(no_wrap=True, justify="right")
