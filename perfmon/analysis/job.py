@@ -96,6 +96,8 @@ class RankRow:
     roots: tuple[str, ...] = ()  # the model's top-level classes (DataParallel, DistributedDataParallel...)
     comm_share: float | None = None  # communication kernels' share of busy GPU time, last profiler window
     status: str = "running"
+    steps_per_s: float | None = None  # over the recent steps
+    samples_per_s: float | None = None
 
 
 def steady_steps(state: RunState, warmup: int = 30, min_steps: int = 20) -> list[Step]:
@@ -128,7 +130,7 @@ def rank_row(rank: int, state: RunState, warmup: int = 30, min_steps: int = 20) 
         cpu_percent=host.cpu_percent if host else None, rss_bytes=host.rss_bytes if host else None,
         roots=tuple(state.model.roots) if state.model else (),
         comm_share=comm if isinstance(comm, int | float) else None,
-        status=state.status,
+        status=state.status, steps_per_s=state.steps_per_s(), samples_per_s=state.samples_per_s(),
     )
 
 
@@ -170,6 +172,13 @@ def slowest(rows: list[RankRow]) -> RankRow | None:
         return None
     rank = max(gaps, key=lambda r: (gaps[r], -r))
     return next(r for r in rows if r.rank == rank)
+
+
+def throughput(rows: list[RankRow]) -> tuple[float | None, float | None]:
+    """The job's pace: steps/s of its slowest rank (they step together) and samples/s of every rank together."""
+    steps = [r.steps_per_s for r in rows if r.steps_per_s]
+    samples = [r.samples_per_s for r in rows if r.samples_per_s]
+    return (min(steps) if steps else None), (sum(samples) if samples else None)
 
 
 def load_job(run_dir: Path) -> JobState:

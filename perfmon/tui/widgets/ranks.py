@@ -11,7 +11,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 
-from perfmon.analysis.job import JobState, RankRow, rank_rows, slowest
+from perfmon.analysis.job import JobState, RankRow, rank_rows, slowest, throughput
 from perfmon.analysis.job_report import job_status
 from perfmon.analysis.rules import Config, Finding, evaluate_job
 from perfmon.protocol import ALL_PHASES
@@ -73,7 +73,11 @@ class RanksView:
         head.append(info.status, st["value"])
         if info.slowest is not None:
             head.append(" · slowest ", st["label"]).append(f"rank {info.slowest}", st["slow"])
-        out = [head, Text("")]
+        steps_s, samples_s = throughput(list(info.rows))
+        pace = Text("job ", st["label"], no_wrap=True, overflow="ellipsis")
+        pace.append(fmt.rate(steps_s), st["value"]).append(" steps/s · ", st["label"])
+        pace.append(fmt.rate(samples_s), st["value"]).append(" samples/s, all ranks together", st["label"])
+        out = [head, pace, Text("")]
         table_w = 6 + sum(w + 1 for _, w in _COLUMNS)
         columns = _COLUMNS if width >= table_w + 2 else _COLUMNS[:_CORE]
         status = width >= table_w + 2 + _STATUS_W
