@@ -34,6 +34,34 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+class _FollowedRecording(Source):
+    """A rank's recording read as it grows, while its process lives (no socket to reach it by): over at the
+    exit record, or once the process is gone and the file read to its end."""
+
+    def __init__(self, rank_dir: Path, pid: int, closed: threading.Event) -> None:
+        self.run_dir = rank_dir
+        self.reader = RecordingReader(rank_dir / "events.jsonl")
+        self.pid = pid
+        self._closed = closed
+
+    @property
+    def skipped(self) -> int:  # type: ignore[override]
+        return self.reader.skipped
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        while not self._closed.is_set():
+            alive = _pid_alive(self.pid)  # before the read: what it wrote before it ended is in this one
+            batch = self.reader.read_new()
+            for msg in batch:
+                yield msg
+                if msg.get("type") == "event" and msg.get("kind") == "exit":
+                    return
+            if not batch:
+                if not alive:
+                    return
+                self._closed.wait(POLL_S)
+
+
 class JobSource(Source):
     """The ranks under ``run_dir``. ``follow``: a running job (live sockets, growing recordings) until
     ``alive()`` turns False and every rank's stream is over; else the recordings as they are."""
@@ -103,8 +131,6 @@ class JobSource(Source):
             for msg in summarised(source.messages()):  # windows analysed from their traces
                 msg[RANK_KEY] = rank
                 self._put(msg)
-                if not isinstance(source, LiveSource) and msg.get("type") == "event" and msg.get("kind") == "exit":
-                    break  # a followed recording is over at its exit record
             self.skipped += getattr(source, "skipped", 0)
         except OSError:
             pass
@@ -120,12 +146,12 @@ class JobSource(Source):
                 continue
 
     def _open(self, rank_dir: Path) -> Source | None:
-        """The rank's live socket when its agent listens, else its recording (followed while the job runs)."""
+        """The rank's live socket when its agent listens, else its recording (followed while it runs)."""
         if not self.follow:
             return ReplaySource(rank_dir)
         pid = self._pid_of(rank_dir)
-        if pid is None:
-            return None if self._closed.is_set() else ReplaySource(rank_dir, follow=True)
+        if pid is None:  # closed, or the job ended before this rank's agent said hello: what there is
+            return None if self._closed.is_set() else ReplaySource(rank_dir)
         try:
             socket_dir = self.runtime_dir or paths.runtime_dir(create=False)
         except paths.RuntimeDirError:
@@ -139,7 +165,7 @@ class JobSource(Source):
                     return live
                 except OSError:
                     pass
-        return ReplaySource(rank_dir, follow=_pid_alive(pid))
+        return _FollowedRecording(rank_dir, pid, self._closed)
 
     def _pid_of(self, rank_dir: Path) -> int | None:
         """The rank's pid, from the hello its agent records first (waits for it while the job runs)."""
@@ -148,7 +174,7 @@ class JobSource(Source):
             for msg in reader.read_new(1 << 16):
                 if msg.get("type") == "hello" and isinstance(msg.get("pid"), int):
                     return int(msg["pid"])
-            if not self.alive() and reader.offset > 0:
+            if not self.alive():
                 return None
             self._closed.wait(POLL_S)
         return None
