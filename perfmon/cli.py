@@ -50,6 +50,8 @@ def _run_parser() -> _Parser:
     p.add_argument("--no-window-peaks", action="store_true",
                    help="report allocator peaks since start only (no hidden per-window peak reset; see README)")
     p.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds to override (TOML, see README)")
+    p.add_argument("--prometheus", metavar="[HOST:]PORT",
+                   help="serve metrics for Prometheus on PORT (127.0.0.1 unless HOST is given)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script, like python -m")
     p.add_argument("--version", action="version", version=f"perfmon {__version__}")
     return p
@@ -58,7 +60,7 @@ def _run_parser() -> _Parser:
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     """Options of perfmon vs the script and its arguments: the first bare word (or -m X) splits them."""
     takes_value = {"--interval", "--run-dir", "--python", "--sample-interval", "--profile-every", "--profile-interval",
-                   "--profile-schedule", "--peak-tflops", "--rules"}
+                   "--profile-schedule", "--peak-tflops", "--rules", "--prometheus"}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -106,6 +108,22 @@ def _load_rules(path: Path | None) -> Any:
     except (OSError, ValueError, TypeError) as exc:
         print(f"perfmon: error: --rules {path}: {exc}", file=sys.stderr)
         return False
+
+
+def _metrics(address: str | None) -> Any:
+    """The --prometheus endpoint, listening (before the job starts); None without the option; False when it
+    cannot start (the line is printed: exit 2)."""
+    if address is None:
+        return None
+    from perfmon.monitor.prometheus import Endpoint, MetricsError
+
+    try:
+        endpoint = Endpoint(address)
+    except MetricsError as exc:
+        print(f"perfmon: error: {exc}", file=sys.stderr)
+        return False
+    print(f"perfmon: metrics for Prometheus on {endpoint.url}", file=sys.stderr)
+    return endpoint
 
 
 def _agent_env(args: argparse.Namespace) -> dict[str, str]:
@@ -323,6 +341,13 @@ def _main(argv: list[str] | None = None) -> int:
         env["PERFMON_RULES"] = str(Path(args.rules).resolve())  # for a summary.json written after a detach
     try:
         check_target(target, args.python)
+    except LaunchError as exc:
+        print(f"perfmon: error: {exc}", file=sys.stderr)
+        return 2
+    metrics = _metrics(args.prometheus)
+    if metrics is False:
+        return 2
+    try:
         run_dir = args.run_dir or default_run_dir(target.name)
         proc = TrainingProcess(target, run_dir, args.python, env).start()
     except LaunchError as exc:
@@ -335,14 +360,14 @@ def _main(argv: list[str] | None = None) -> int:
     if args.headless and target.torchrun:
         from perfmon.monitor.job_run import run_headless_job
 
-        return run_headless_job(proc, args.interval, rules=rules)
+        return run_headless_job(proc, args.interval, rules=rules, metrics=metrics)
     if args.headless:
         from perfmon.monitor.headless import run_headless
 
-        return run_headless(proc, args.interval, rules=rules)
+        return run_headless(proc, args.interval, rules=rules, metrics=metrics)
     from perfmon.monitor.dashboard import run_dashboard
 
-    return run_dashboard(proc, rules)
+    return run_dashboard(proc, rules, metrics)
 
 
 if __name__ == "__main__":

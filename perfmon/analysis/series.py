@@ -56,6 +56,19 @@ class Histogram:
         return self.RATIO ** (max(self.counts) + 0.5)
 
 
+    def cumulative(self, bounds: list[float]) -> list[float]:
+        """The weight of values at or below each bound (ascending), as Prometheus buckets count: a bucket
+        counts below a bound when its upper edge is at or below it (within the 2% a bucket spans)."""
+        keys = sorted(self.counts)
+        out, seen, i = [], self.zeros, 0
+        for bound in bounds:
+            while i < len(keys) and self.RATIO ** (keys[i] + 1) <= bound * (1 + 1e-9):
+                seen += self.counts[keys[i]]
+                i += 1
+            out.append(seen)
+        return out
+
+
 _INV_LOG_RATIO = 1.0 / math.log(Histogram.RATIO)
 
 

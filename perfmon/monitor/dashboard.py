@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from typing import Any
 
 from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
@@ -21,17 +22,19 @@ def _early_exit(proc: TrainingProcess) -> int:
     return exit_status(returncode)
 
 
-def run_dashboard(proc: TrainingProcess, rules: Config | None = None) -> int:
+def run_dashboard(proc: TrainingProcess, rules: Config | None = None, metrics: Any = None) -> int:
     """Open the Textual dashboard on ``proc``; returns perfmon's exit status."""
     from perfmon.tui.app import PerfmonApp
 
     if proc.target.torchrun:
-        return _run_job_dashboard(proc, rules)
+        return _run_job_dashboard(proc, rules, metrics)
     source = connect(proc)
     if not proc.alive() and not (proc.run_dir / "events.jsonl").exists():
         return _early_exit(proc)
     state = RunState()
     app = PerfmonApp(state, source, proc.run_dir, proc, rules=rules)
+    if metrics is not None:
+        metrics.watch(app.lock, lambda: app.state, cfg=rules)
     app.run()
     outcome = getattr(app, "outcome", "quit")
     if outcome == "detached" and proc.alive():
@@ -72,7 +75,7 @@ def _wait_stopping(proc: TrainingProcess, grace: float = 10.0) -> None:
     done.wait()
 
 
-def _run_job_dashboard(proc: TrainingProcess, rules: Config | None) -> int:
+def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, metrics: Any = None) -> int:
     """The dashboard over every rank of a ``perfmon torchrun`` job."""
     from perfmon.analysis.job import JobState
     from perfmon.monitor.job_run import finalize_job, job_source, start_nodes
@@ -82,6 +85,8 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None) -> int:
     source = job_source(proc)
     node, line = start_nodes(proc, source)
     app = PerfmonApp(RunState(), source, proc.run_dir, proc, rules=rules, job=job)
+    if metrics is not None:
+        metrics.watch(app.lock, job=job, cfg=rules)
     if line:
         app.notice = line
     app.run()

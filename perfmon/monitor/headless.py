@@ -58,13 +58,16 @@ def follow(source: Source, state: RunState, lock: threading.Lock) -> threading.T
     return thread
 
 
-def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None) -> int:
+def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None,
+                 metrics: Any = None) -> int:
     err = err or sys.stderr
     state = RunState()
     engine = Engine(rules)
     next_rules = time.monotonic() + 1.0
     warned = 0
     lock = threading.Lock()
+    if metrics is not None:  # --prometheus: perfmon.monitor.prometheus.Endpoint
+        metrics.watch(lock, lambda: state, cfg=rules)
     tail = LogTail(proc.run_dir / "output.log", sys.stdout.buffer)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 

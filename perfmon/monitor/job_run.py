@@ -75,13 +75,16 @@ def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | 
     return write_job_summaries(recorded, run_dir, rules)
 
 
-def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None) -> int:
+def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None,
+                     metrics: Any = None) -> int:
     """``perfmon --headless torchrun ...``: torchrun's output on stdout, the job's status lines and new job
     findings on stderr, the job summary at the end."""
     err = err or sys.stderr
     cfg = rules or Config()
     job = JobState()
     lock = threading.Lock()
+    if metrics is not None:  # --prometheus: one label set per rank
+        metrics.watch(lock, job=job, cfg=rules)
     tail = LogTail(proc.run_dir / "output.log", sys.stdout.buffer)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     said: set[tuple[str, Any]] = set()
