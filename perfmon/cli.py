@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from perfmon import __version__
 
-SUBCOMMANDS = ("report", "ls", "attach", "replay")
+SUBCOMMANDS = ("report", "ls", "attach", "replay", "serve")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -201,11 +201,15 @@ def _attach(argv: list[str]) -> int:
 
     p = _Parser(prog="perfmon attach", description="Watch a running job: back-fill from its recording, then live.")
     p.add_argument("target", nargs="?", help="pid or run dir (default: the only live run)")
+    p.add_argument("--prometheus", metavar="[HOST:]PORT", help="also serve metrics for Prometheus")
     args = p.parse_args(argv)
+    metrics = _metrics(args.prometheus)
+    if metrics is False:
+        return 2
     try:
         run = find_run(args.target)
         if run.get("ranks"):
-            return _attach_job(run)
+            return _attach_job(run, metrics)
         source = LiveSource(Path(run["socket"]), Path(run["run_dir"]))
         source.connect()
     except AttachError as exc:
@@ -218,6 +222,8 @@ def _attach(argv: list[str]) -> int:
     from perfmon.tui.app import PerfmonApp
 
     app = PerfmonApp(RunState(), source, Path(run["run_dir"]))
+    if metrics is not None:
+        metrics.watch(app.lock, lambda: app.state)
     app.run()
     source.close()
     outcome = getattr(app, "outcome", "")
@@ -229,7 +235,7 @@ def _attach(argv: list[str]) -> int:
     return 0
 
 
-def _attach_job(run: dict) -> int:
+def _attach_job(run: dict, metrics: Any = None) -> int:
     """Attach to every rank of a live job (its ranks on this machine; their recordings for the rest)."""
     from perfmon.analysis.job import JobState
     from perfmon.analysis.state import RunState
@@ -240,6 +246,8 @@ def _attach_job(run: dict) -> int:
     job_dir = Path(run["job_dir"])
     source = JobSource(job_dir, alive=lambda: job_alive(job_dir), follow=True)
     app = PerfmonApp(RunState(), source, job_dir, job=JobState())
+    if metrics is not None:
+        metrics.watch(app.lock, job=app.job)
     app.run()
     source.close()
     if getattr(app, "outcome", "") == "detached":
@@ -271,6 +279,52 @@ def _replay(argv: list[str]) -> int:
 
     PerfmonApp(RunState(), PacedReplaySource(args.run_dir, speed=args.speed), args.run_dir).run()
     return 0
+
+
+def _serve(argv: list[str]) -> int:
+    from perfmon.monitor.serve import ServeError, make_server
+
+    p = _Parser(prog="perfmon serve", description="The dashboard in a browser (textual-serve): a live run or "
+                "job (pid or run dir; default: the only live run) or a recording.")
+    p.add_argument("target", nargs="?", help="pid or run dir (default: the only live run)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1; any other needs a token)")
+    p.add_argument("--token", help="the token requests must carry beyond loopback (default: a random one)")
+    p.add_argument("--prometheus", metavar="[HOST:]PORT", help="also serve metrics for Prometheus")
+    args = p.parse_args(argv)
+    try:
+        server = make_server(args.target, args.host or "127.0.0.1", args.port, args.token,
+                             host_given=args.host is not None)
+    except ServeError as exc:
+        print(f"perfmon: error: {exc}", file=sys.stderr)
+        return 2
+    follower = _follow_for_metrics(args.target, args.prometheus)
+    if follower is False:
+        return 2
+    try:
+        server.serve()
+    finally:
+        if follower is not None:
+            follower.close()
+    return 0
+
+
+def _follow_for_metrics(target: str | None, address: str | None) -> Any:
+    """``--prometheus`` beside ``serve``/``attach``: a headless follower of the run feeding the endpoint (None
+    without the option; False: an error was printed)."""
+    if address is None:
+        return None
+    endpoint = _metrics(address)
+    if endpoint is False:
+        return False
+    from perfmon.monitor.follow import follow_for_metrics
+
+    try:
+        return follow_for_metrics(target, endpoint)
+    except Exception as exc:  # noqa: BLE001 - nothing to follow: say so in one line
+        endpoint.close()
+        print(f"perfmon: error: --prometheus: {exc}", file=sys.stderr)
+        return False
 
 
 def _replay_job(run_dir: Path) -> int:
@@ -317,8 +371,8 @@ def _main(argv: list[str] | None = None) -> int:
         from perfmon.analysis.trace import main as trace_main
 
         return trace_main(argv[1:])
-    if argv and argv[0] in ("ls", "attach", "replay"):
-        return {"ls": _ls, "attach": _attach, "replay": _replay}[argv[0]](argv[1:])
+    if argv and argv[0] in ("ls", "attach", "replay", "serve"):
+        return {"ls": _ls, "attach": _attach, "replay": _replay, "serve": _serve}[argv[0]](argv[1:])
     opts, rest = _split(argv)
     args = _run_parser().parse_args(opts)
     if args.module is None and not rest:
