@@ -52,6 +52,12 @@ def _run_parser() -> _Parser:
     p.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds to override (TOML, see README)")
     p.add_argument("--prometheus", metavar="[HOST:]PORT",
                    help="serve metrics for Prometheus on PORT (127.0.0.1 unless HOST is given)")
+    p.add_argument("--tensorboard", action="store_true", help="log phase timings and findings as TensorBoard scalars "
+                   "under RUN/tb/ (needs tensorboard)")
+    p.add_argument("--wandb", action="store_true", help="log phase timings and findings into the script's own "
+                   "active wandb run")
+    p.add_argument("--log-interval", type=float, default=10.0, metavar="S",
+                   help="--tensorboard/--wandb logging period (default 10 s)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script, like python -m")
     p.add_argument("--version", action="version", version=f"perfmon {__version__}")
     return p
@@ -60,7 +66,7 @@ def _run_parser() -> _Parser:
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     """Options of perfmon vs the script and its arguments: the first bare word (or -m X) splits them."""
     takes_value = {"--interval", "--run-dir", "--python", "--sample-interval", "--profile-every", "--profile-interval",
-                   "--profile-schedule", "--peak-tflops", "--rules", "--prometheus"}
+                   "--profile-schedule", "--peak-tflops", "--rules", "--prometheus", "--log-interval"}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -124,6 +130,33 @@ def _metrics(address: str | None) -> Any:
         return False
     print(f"perfmon: metrics for Prometheus on {endpoint.url}", file=sys.stderr)
     return endpoint
+
+
+def _exports(args: argparse.Namespace, run_dir: Path) -> Any:
+    """--prometheus, --tensorboard, --wandb of a run, started before the job (None: none asked; False: one
+    could not start, its line printed)."""
+    items: list[Any] = []
+    endpoint = _metrics(args.prometheus)
+    if endpoint is False:
+        return False
+    if endpoint is not None:
+        items.append(endpoint)
+    if args.tensorboard or args.wandb:
+        from perfmon.monitor.loggers import LoggerError, ScalarLoggers
+
+        try:
+            items.append(ScalarLoggers(Path(run_dir), tensorboard=args.tensorboard, wandb=args.wandb,
+                                       interval=args.log_interval))
+        except LoggerError as exc:
+            print(f"perfmon: error: {exc}", file=sys.stderr)
+            if endpoint is not None:
+                endpoint.close()
+            return False
+    if not items:
+        return None
+    from perfmon.monitor.exports import Exports
+
+    return Exports(items)
 
 
 def _agent_env(args: argparse.Namespace) -> dict[str, str]:
@@ -387,6 +420,8 @@ def _main(argv: list[str] | None = None) -> int:
                         args=rest if args.module else rest[1:])
     if args.interval <= 0:
         _run_parser().error("--interval must be positive")
+    if args.log_interval <= 0:
+        _run_parser().error("--log-interval must be positive")
     env = _agent_env(args)
     rules = _load_rules(args.rules)
     if rules is False:
@@ -398,11 +433,11 @@ def _main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2
-    metrics = _metrics(args.prometheus)
-    if metrics is False:
+    run_dir = args.run_dir or default_run_dir(target.name)
+    exports = _exports(args, run_dir)
+    if exports is False:
         return 2
     try:
-        run_dir = args.run_dir or default_run_dir(target.name)
         proc = TrainingProcess(target, run_dir, args.python, env).start()
     except LaunchError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
@@ -414,14 +449,14 @@ def _main(argv: list[str] | None = None) -> int:
     if args.headless and target.torchrun:
         from perfmon.monitor.job_run import run_headless_job
 
-        return run_headless_job(proc, args.interval, rules=rules, metrics=metrics)
+        return run_headless_job(proc, args.interval, rules=rules, exports=exports)
     if args.headless:
         from perfmon.monitor.headless import run_headless
 
-        return run_headless(proc, args.interval, rules=rules, metrics=metrics)
+        return run_headless(proc, args.interval, rules=rules, exports=exports)
     from perfmon.monitor.dashboard import run_dashboard
 
-    return run_dashboard(proc, rules, metrics)
+    return run_dashboard(proc, rules, exports)
 
 
 if __name__ == "__main__":

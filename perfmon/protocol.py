@@ -21,7 +21,7 @@ MAX_LINE = 4 * 1024 * 1024
 #: Agent -> monitor (and recording) message types.
 AGENT_TYPES = frozenset({"hello", "steps", "sample", "profile", "model", "log", "event"})
 #: Monitor -> agent commands. Anything else is refused.
-COMMANDS = frozenset({"profile", "empty_cache", "count_flops", "memory_snapshot", "export", "stop"})
+COMMANDS = frozenset({"profile", "empty_cache", "count_flops", "memory_snapshot", "export", "stop", "log_metrics"})
 
 PHASES = ("data", "forward", "backward", "optimizer")
 ALL_PHASES = (*PHASES, "other")

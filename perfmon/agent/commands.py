@@ -75,6 +75,16 @@ class Commands:
         if name == "export":
             answer(self.export())
             return
+        if name == "log_metrics":
+            refusal = self._check_metrics(msg)
+            if refusal is not None:
+                answer({"ok": False, "done": True, "message": refusal})
+                return
+            with self._lock:  # the script's wandb is used from its own thread only: at the step boundary
+                self._queue = [q for q in self._queue if q[0] != name]  # only the newest numbers matter
+                self._queue.append((name, msg, answer))
+                self.pending = True
+            return
         if name == "profile" and (self.window is not None or any(q[0] == "profile" for q in self._queue)):
             answer({"ok": False, "done": True, "message": "busy: a profiler window is already being captured"})
             return
@@ -164,6 +174,29 @@ class Commands:
             answer({"ok": False, "done": True, "message": "busy: a profiler window is already being captured"})
             return
         self._start_window("on demand", answer)
+
+    @staticmethod
+    def _check_metrics(msg: dict[str, Any]) -> str | None:
+        """Why a ``log_metrics`` cannot be logged (None: it can): no active wandb run in this process, or
+        not a small dict of numbers."""
+        wandb = sys.modules.get("wandb")
+        if wandb is None or getattr(wandb, "run", None) is None:
+            return "--wandb: the script has no active wandb run (wandb.init) to log into"
+        metrics = msg.get("metrics")
+        if not isinstance(metrics, dict) or len(metrics) > 500 or not all(
+                isinstance(k, str) and len(k) < 200 and isinstance(v, int | float) and not isinstance(v, bool)
+                for k, v in metrics.items()):
+            return "log_metrics wants a dict of at most 500 numbers"
+        return None
+
+    def _do_log_metrics(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+        wandb = sys.modules.get("wandb")
+        run = getattr(wandb, "run", None)
+        if run is None:
+            answer({"ok": False, "done": True, "message": "--wandb: the script's wandb run has finished"})
+            return
+        run.log(dict(msg["metrics"]), commit=False)  # joins the script's next wandb.log step
+        answer({"ok": True, "done": True, "message": f"{len(msg['metrics'])} metrics logged to wandb"})
 
     def _do_empty_cache(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
         torch = sys.modules["torch"]

@@ -22,20 +22,22 @@ def _early_exit(proc: TrainingProcess) -> int:
     return exit_status(returncode)
 
 
-def run_dashboard(proc: TrainingProcess, rules: Config | None = None, metrics: Any = None) -> int:
+def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: Any = None) -> int:
     """Open the Textual dashboard on ``proc``; returns perfmon's exit status."""
     from perfmon.tui.app import PerfmonApp
 
     if proc.target.torchrun:
-        return _run_job_dashboard(proc, rules, metrics)
+        return _run_job_dashboard(proc, rules, exports)
     source = connect(proc)
     if not proc.alive() and not (proc.run_dir / "events.jsonl").exists():
         return _early_exit(proc)
     state = RunState()
     app = PerfmonApp(state, source, proc.run_dir, proc, rules=rules)
-    if metrics is not None:
-        metrics.watch(app.lock, lambda: app.state, cfg=rules)
+    if exports is not None:
+        exports.watch(app.lock, lambda: app.state, cfg=rules, send=source.send)
     app.run()
+    if exports is not None:
+        exports.close()
     outcome = getattr(app, "outcome", "quit")
     if outcome == "detached" and proc.alive():
         source.close()
@@ -75,7 +77,7 @@ def _wait_stopping(proc: TrainingProcess, grace: float = 10.0) -> None:
     done.wait()
 
 
-def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, metrics: Any = None) -> int:
+def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any = None) -> int:
     """The dashboard over every rank of a ``perfmon torchrun`` job."""
     from perfmon.analysis.job import JobState
     from perfmon.monitor.job_run import finalize_job, job_source, start_nodes
@@ -85,11 +87,13 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, metrics: Any
     source = job_source(proc)
     node, line = start_nodes(proc, source)
     app = PerfmonApp(RunState(), source, proc.run_dir, proc, rules=rules, job=job)
-    if metrics is not None:
-        metrics.watch(app.lock, job=job, cfg=rules)
+    if exports is not None:
+        exports.watch(app.lock, job=job, cfg=rules, send=source.send)
     if line:
         app.notice = line
     app.run()
+    if exports is not None:
+        exports.close()
     if node is not None and not (getattr(app, "outcome", "") == "detached" and proc.alive()):
         node.close()
     outcome = getattr(app, "outcome", "quit")

@@ -59,15 +59,14 @@ def follow(source: Source, state: RunState, lock: threading.Lock) -> threading.T
 
 
 def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None,
-                 metrics: Any = None) -> int:
+                 exports: Any = None) -> int:
     err = err or sys.stderr
     state = RunState()
     engine = Engine(rules)
     next_rules = time.monotonic() + 1.0
     warned = 0
+    said_wandb = False
     lock = threading.Lock()
-    if metrics is not None:  # --prometheus: perfmon.monitor.prometheus.Endpoint
-        metrics.watch(lock, lambda: state, cfg=rules)
     tail = LogTail(proc.run_dir / "output.log", sys.stdout.buffer)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -78,6 +77,8 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
         signal.signal(s, forward)
     try:
         source = connect(proc)
+        if exports is not None:  # --prometheus, --tensorboard, --wandb (perfmon.monitor.exports)
+            exports.watch(lock, lambda: state, cfg=rules, send=source.send)
         follower = follow(source, state, lock)
         next_status = time.monotonic() + interval
         while proc.alive():
@@ -87,6 +88,12 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
                     new = engine.update(state)
                     warnings = state.warnings[warned:]
                     warned = len(state.warnings)
+                    # --wandb: the job could not log (no active run): said once
+                    failed = [r.message for r in state.command_results
+                              if r.name == "log_metrics" and r.ok is False and r.message]
+                if failed and not said_wandb:
+                    said_wandb = True
+                    warnings = [*warnings, failed[0]]
                 for text in warnings:
                     print(f"[perfmon] warning: {text}", file=err, flush=True)
                 for finding in new:
@@ -109,6 +116,8 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
         with lock:
             summary = finalize_recording(proc.run_dir, state, returncode, rules)
             print(format_summary(state, summary), file=err, flush=True)
+        if exports is not None:
+            exports.close()
         return exit_status(returncode)
     finally:
         for s, handler in previous.items():

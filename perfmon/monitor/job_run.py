@@ -76,15 +76,13 @@ def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | 
 
 
 def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None,
-                     metrics: Any = None) -> int:
+                     exports: Any = None) -> int:
     """``perfmon --headless torchrun ...``: torchrun's output on stdout, the job's status lines and new job
     findings on stderr, the job summary at the end."""
     err = err or sys.stderr
     cfg = rules or Config()
     job = JobState()
     lock = threading.Lock()
-    if metrics is not None:  # --prometheus: one label set per rank
-        metrics.watch(lock, job=job, cfg=rules)
     tail = LogTail(proc.run_dir / "output.log", sys.stdout.buffer)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     said: set[tuple[str, Any]] = set()
@@ -96,6 +94,8 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
         signal.signal(s, forward)
     try:
         source = job_source(proc)
+        if exports is not None:  # one label set / series per rank
+            exports.watch(lock, job=job, cfg=rules, send=source.send)
         node, line = start_nodes(proc, source)
         if line:
             print(line, file=err, flush=True)
@@ -123,6 +123,8 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             time.sleep(0.1)
         returncode = proc.wait()
         follower.join(timeout=10.0)
+        if exports is not None:
+            exports.close()
         source.close()
         if node is not None:
             node.close()

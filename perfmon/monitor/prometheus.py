@@ -203,7 +203,7 @@ class Endpoint:
         self.port = self.server.server_port
 
     def watch(self, lock: threading.Lock, state: Callable[[], RunState | None] | None = None,
-              job: JobState | None = None, cfg: Config | None = None) -> None:
+              job: JobState | None = None, cfg: Config | None = None, send: Any = None) -> None:
         """Serve this monitor's state (``state()``: the run's) or job from now on."""
         self.sources.lock = lock
         if state is not None:

@@ -80,6 +80,12 @@ def _server_class() -> Any:
                 response.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
             return response
 
+        def initialize_logging(self) -> None:
+            import logging
+
+            super().initialize_logging()
+            logging.getLogger().setLevel(logging.WARNING)  # not a line per request: what perfmon prints matters
+
         async def on_startup(self, app: web.Application) -> None:
             for line in self.lines:
                 print(line, file=sys.stderr, flush=True)

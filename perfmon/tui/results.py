@@ -15,6 +15,7 @@ class ResultFeed:
 
     def __init__(self) -> None:
         self._last: CommandResult | None = None  # the newest result shown: by identity, as results repeat
+        self._said: set[str] = set()  # background commands' failures already shown
 
     def new(self, command_results: Iterable[CommandResult]) -> list[CommandResult]:
         """Results that came in since the last call (call with the state lock held)."""
@@ -27,7 +28,16 @@ class ResultFeed:
                     break
         if results:
             self._last = results[-1]
-        return new
+        return [r for r in new if self._shown(r)]
+
+    def _shown(self, result: CommandResult) -> bool:
+        """The --wandb logger's ``log_metrics`` runs every few seconds without a key: only a failure, once."""
+        if result.name != "log_metrics":
+            return True
+        if result.ok is not False or (result.message or "") in self._said:
+            return False
+        self._said.add(result.message or "")
+        return True
 
 
 def toast(app: App[Any], result: CommandResult) -> None:
