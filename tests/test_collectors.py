@@ -101,6 +101,31 @@ def test_host_sampler_real_numbers():
     assert h["workers"] == 0 and h["cpu_percent"] is not None
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="Linux schedstat")
+def test_workers_that_want_more_cpu_than_they_get_are_seen_waiting():
+    """More CPU-bound children than CPUs: what they ran plus what they waited to run adds up to what they
+    wanted (each a whole CPU), however busy the rest of the machine is."""
+    import subprocess
+    import sys
+    import time
+
+    n = (os.cpu_count() or 1) + 2
+    burn = "import time\nend = time.monotonic() + 6\nwhile time.monotonic() < end: pass"
+    kids = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(n)]
+    try:
+        sampler = HostSampler()
+        sampler.sample()  # primes the CPU and wait counters
+        time.sleep(2.0)  # the interval measured (not a wait for a condition)
+        s = sampler.sample()
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+    assert s["workers"] == n and s["workers_wait_percent"] is not None
+    assert s["workers_wait_percent"] > 0  # more runnable children than CPUs: some always wait
+    assert s["workers_cpu_percent"] + s["workers_wait_percent"] >= 0.8 * 100 * n
+
+
 def test_host_sampler_survives_its_process_vanishing():
     import subprocess
     import sys

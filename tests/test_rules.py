@@ -273,6 +273,24 @@ def test_config_from_toml(tmp_path):
         Config.from_toml(path)
 
 
+@pytest.mark.parametrize(("workers_cpu", "wait", "system", "fires"), [
+    # a host shared with other jobs: the workers get little CPU but sit runnable, waiting for it
+    (60.0, 150.0, 100.0, True),    # want 210% of 2 CPUs: CPU-bound preprocessing
+    (60.0, 110.0, 100.0, False),   # want 170% of 200%: 85%, under the 90% line
+    (60.0, 120.0, 100.0, True),    # want 180%: exactly 90%
+    (20.0, 5.0, 100.0, False),     # workers that sleep (I/O) on a busy host: not this finding
+    (60.0, None, 100.0, False),    # a kernel without schedstat: CPU alone decides (30% of the host < 40%)
+])
+def test_loader_cpu_bound_counts_time_the_workers_waited_for_a_cpu(workers_cpu, wait, system, fires):
+    loader = {**LOADER, "num_workers": 4}
+    host = {"cpu_percent": 40.0, "cpu_count": 2, "system_cpu_percent": system, "workers": 4,
+            "workers_cpu_percent": workers_cpu, "workers_wait_percent": wait}
+    f = find(make_state(data=5, model={"loaders": [loader]}, host=host), "loader-cpu-bound")
+    assert (f is not None) == fires
+    if fires:
+        assert f.evidence["workers_wait_percent"] == wait and "CPU-bound" in f.fix
+
+
 def test_too_few_workers_when_each_is_busy_and_cpus_are_idle():
     loader = {**LOADER, "num_workers": 2}
     host = {"cpu_percent": 30.0, "cpu_count": 16, "system_cpu_percent": 20.0, "workers": 2, "workers_cpu_percent": 196.0}

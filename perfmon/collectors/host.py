@@ -28,6 +28,7 @@ class HostSampler:
         self.proc = psutil.Process(pid or os.getpid())
         self._children: dict[int, psutil.Process] = {}
         self._io_last: tuple[float, int] | None = None
+        self._waits: dict[int, tuple[float, int]] = {}  # worker pid -> (when, its run-queue wait so far, ns)
         self.cpu_count = psutil.cpu_count() or 1
         _safe(lambda: self.proc.cpu_percent(None))
         _safe(lambda: psutil.cpu_percent(None))
@@ -60,6 +61,7 @@ class HostSampler:
             "workers": len(workers),
             "workers_cpu_percent": sum(c for c in w_cpu if c is not None) if workers else 0.0,
             "workers_rss_bytes": sum(r for r in w_rss if r is not None) if workers else 0,
+            "workers_wait_percent": self._workers_wait(workers),
             "system_cpu_percent": _safe(lambda: psutil.cpu_percent(None)),
             "cpu_count": self.cpu_count,
             "mem_used_bytes": getattr(vm, "used", None),
@@ -69,6 +71,26 @@ class HostSampler:
             "load1": load[0] if load else None,
             "io_read_bps": self._io_rate(),
         }
+
+    def _workers_wait(self, workers: list[psutil.Process]) -> float | None:
+        """Time the workers spent runnable but waiting for a CPU since the last sample (100 = one worker all
+        the time), from Linux's schedstat: with their CPU time, what they would use on a host of their own. None
+        where the kernel does not say."""
+        now = time.monotonic()
+        total, known, seen = 0.0, False, {}
+        for w in workers:
+            try:
+                with open(f"/proc/{w.pid}/schedstat") as f:
+                    wait_ns = int(f.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            seen[w.pid] = (now, wait_ns)
+            last = self._waits.get(w.pid)
+            if last is not None and now > last[0]:
+                total += max(0, wait_ns - last[1]) / 1e9 / (now - last[0]) * 100.0
+                known = True
+        self._waits = seen
+        return total if known or not workers else None
 
     def _io_rate(self) -> float | None:
         io = _safe(self.proc.io_counters)

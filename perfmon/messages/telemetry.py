@@ -58,6 +58,7 @@ class HostSample:
     threads: int | None = None
     workers: int | None = None  # DataLoader workers (child processes)
     workers_cpu_percent: float | None = None
+    workers_wait_percent: float | None = None  # runnable but waiting for a CPU (Linux schedstat), 100 = one worker
     workers_rss_bytes: float | None = None
     system_cpu_percent: float | None = None  # the whole host, 0..100
     cpu_count: int | None = None

@@ -41,7 +41,7 @@ def input_bound(f: Facts, cfg: Config) -> Finding | None:
     )
 
 
-@rule("loader-cpu-bound", "data share > 10% with DataLoader workers filling > 90% of the CPUs (or a > 90% busy host, at least 40% of it the workers: a host shared with another job gives them half): CPU-bound preprocessing; or every worker busy with CPUs to spare (too few workers)")
+@rule("loader-cpu-bound", "data share > 10% with DataLoader workers filling > 90% of the CPUs, or wanting them (their CPU time plus their time runnable but waiting for a CPU, Linux schedstat: a host shared with other jobs gives them only a share), or a > 90% busy host at least 40% of it the workers: CPU-bound preprocessing; or every worker busy with CPUs to spare (too few workers)")
 def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["data"]
     loader = _loader(f)
@@ -54,14 +54,20 @@ def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
     per_worker = workers_cpu / nw / 100.0
     system = (host.system_cpu_percent or 0.0) / 100.0
     workers_frac = workers_cpu / (100.0 * cpus)
+    # What the workers would use with the host to themselves: their CPU plus the time they sat runnable,
+    # waiting for a CPU (on a host shared with other jobs they get only a share of it, whatever they need).
+    demand_frac = (workers_cpu + (host.workers_wait_percent or 0.0)) / (100.0 * cpus)
     # The workers themselves must be what fills the CPUs: a busy host with idle workers is not this finding.
     # (Linux gives each session an equal share of a busy host: beside one other job the workers get about half.)
-    if workers_frac >= cfg.loader_cpu_saturated or (system >= cfg.loader_cpu_saturated and workers_frac >= 0.4 * system):
+    if (workers_frac >= cfg.loader_cpu_saturated or demand_frac >= cfg.loader_cpu_saturated
+            or (system >= cfg.loader_cpu_saturated and workers_frac >= 0.4 * system)):
         return Finding(
             "loader-cpu-bound", "critical" if share > cfg.data_critical else "warn",
             f"DataLoader workers saturate the CPU: {nw} workers use {workers_frac:.0%} of {cpus} CPUs, "
             f"host {system:.0%} busy",
             {"workers": nw, "workers_cpu_percent": round(workers_cpu, 1), "workers_cpu_share": round(workers_frac, 3),
+             "workers_wait_percent": None if host.workers_wait_percent is None else round(host.workers_wait_percent, 1),
+             "workers_demand_share": round(demand_frac, 3),
              "system_cpu_percent": round(system * 100.0, 1), "cpu_count": cpus, "data_share": round(share, 4)},
             "Preprocessing is CPU-bound: more workers will not help past the CPU count. Make each sample cheaper "
             "(pre-decode, smaller images, simpler augmentation), move augmentation to the GPU, or use a host with more cores.",
