@@ -92,12 +92,14 @@ def _report(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="machine-readable JSON (schema in README)")
     p.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds (TOML), as for a run")
     p.add_argument("--write-summary", action="store_true", help="write RUN/summary.json instead of printing")
+    p.add_argument("--wait-ranks", type=float, default=0.0, metavar="S",
+                   help="a job: first wait up to S seconds for every rank's recording to end")
     args = p.parse_args(argv)
     rules = _load_rules(args.rules)
     if rules is False:
         return 2
     try:
-        return report_main(args.run_dir, args.json, rules=rules, write=args.write_summary)
+        return report_main(args.run_dir, args.json, rules=rules, write=args.write_summary, wait=args.wait_ranks)
     except ReportError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2

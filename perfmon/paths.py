@@ -147,7 +147,10 @@ def placement(env: dict[str, str] | os._Environ[str] | None = None) -> dict[str,
     if node is None:
         node = _env_int(env, "SLURM_NODEID")
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
-    job_id = (run_id if run_id and run_id != "none" else env.get("SLURM_JOB_ID")) or f"{os.getppid()}"
+    slurm = env.get("SLURM_JOB_ID")
+    if slurm and env.get("SLURM_STEP_ID"):
+        slurm = f"{slurm}.{env['SLURM_STEP_ID']}"  # each srun step of an allocation is a job of its own
+    job_id = (run_id if run_id and run_id != "none" else slurm) or f"{os.getppid()}"
     return {"rank": rank, "local_rank": _env_int(env, "LOCAL_RANK"), "world_size": world,
             "local_world_size": _env_int(env, "LOCAL_WORLD_SIZE"), "node": node, "job_id": job_id}
 
@@ -164,13 +167,18 @@ def rank_dir(job_dir: Path, rank: int) -> Path:
     return job_dir / f"{RANK_DIR_PREFIX}{rank}"
 
 
-def job_run_dir(target: str, job_id: str, root: Path | None = None) -> Path:
-    """The run dir every rank of one job agrees on without talking: ``./perfmon-runs/<date>-<script>-<job id>/``
-    (torchrun's run id, else Slurm's job id, else the launcher's pid on this node)."""
+def job_run_dir(target: str, job_id: str, root: Path | None = None, started: float | None = None) -> Path:
+    """The run dir every rank of one job agrees on without talking:
+    ``./perfmon-runs/<date>-<script>-job<id>[-<HHMMSS>]/`` (torchrun's run id, else Slurm's job and step id, else
+    the launcher's pid on this node; ``started``: when the launcher of the ranks started, so that a job run
+    again under the same id gets a dir of its own)."""
     root = root or Path.cwd() / "perfmon-runs"
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(target).stem if target.endswith(".py") else target) or "run"
     ident = re.sub(r"[^A-Za-z0-9_.-]+", "_", job_id)[:40]
-    return root / f"{time.strftime('%Y%m%d')}-{name}-job{ident}"
+    if started is None:
+        return root / f"{time.strftime('%Y%m%d')}-{name}-job{ident}"
+    return root / f"{time.strftime('%Y%m%d', time.localtime(started))}-{name}-job{ident}-" \
+                  f"{time.strftime('%H%M%S', time.localtime(started))}"
 
 
 def rank_dirs(run_dir: Path) -> list[tuple[int, Path]]:

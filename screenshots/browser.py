@@ -37,13 +37,15 @@ def main() -> None:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            server = subprocess.Popen([*PERFMON, "serve", str(pid), "--port", str(port)], stderr=subprocess.DEVNULL)
-            time.sleep(3)
+            server = subprocess.Popen([*PERFMON, "serve", str(pid), "--port", str(port)], stderr=subprocess.PIPE,
+                                      text=True)
+            assert server.stderr is not None
+            url = next(w for line in server.stderr for w in line.split() if "?token=" in w)
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
                 # 120x40 cells at the page's 16px font
                 page = browser.new_page(viewport={"width": 1210, "height": 800})
-                page.goto(f"http://localhost:{port}/")
+                page.goto(url)
                 page.wait_for_timeout(20_000)  # warm-up past, findings held
                 page.screenshot(path=str(HERE / "browser-dashboard.png"))
                 browser.close()

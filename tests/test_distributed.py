@@ -118,6 +118,7 @@ def test_a_failing_rank_takes_the_job_down_and_is_named(tmp_path, env):  # noqa:
     ([], "no training script given"),
     (["--nproc-per-node", "2", "missing.py"], "can't open file 'missing.py'"),
     (["--no-python", "--nproc-per-node", "2", "echo"], "--no-python"),
+    (["--run-path", "--nproc-per-node", "2", str(DDP)], "--run-path"),
 ])
 def test_bad_torchrun_command_lines_get_one_line_and_exit_2(args, message, tmp_path, env):  # noqa: F811
     res = perfmon(["--headless", "--run-dir", str(tmp_path / "run"), "torchrun", *args], env)
@@ -174,3 +175,9 @@ def test_ranks_that_call_instrument_register_as_one_job_that_attach_reads_whole(
     wait_for(lambda: all(r["steps"] == 400 and r["exit_code"] == 0 for r in json.loads(
         (job_dir / "summary.json").read_text())["ranks"]), "a summary with both ranks' exits")
     assert summary["world_size"] == 2
+
+
+def test_a_run_dir_that_holds_a_job_is_not_reused(ddp_job, env):  # noqa: F811
+    run, _, _ = ddp_job
+    res = perfmon(["--headless", "--run-dir", str(run), "torchrun", *torchrun("--steps", "3")], env)
+    assert res.returncode == 2 and "already holds a recording" in res.stderr

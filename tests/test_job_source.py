@@ -95,3 +95,19 @@ def test_other_nodes_ranks_arrive_through_deliver_and_keep_the_stream_open(tmp_p
     thread.join(10)
     assert not thread.is_alive()
     assert [m[RANK_KEY] for m in got] == [5]
+
+
+def test_a_restarted_rank_replaces_its_first_attempt(tmp_path: Path) -> None:
+    """torchrun restarts a job's workers: the new attempt (rank-K.restart1, numbering from 1 again) is the
+    rank's state from its first message; what the old attempt still sends is dropped."""
+    job_dir = write_job(tmp_path / "job", world=2, steps=300, telemetry=False, profile=False)
+    again = write_job(tmp_path / "again", world=2, steps=120, telemetry=False, profile=False)
+    (again / "rank-1").rename(job_dir / "rank-1.restart1")
+    job = JobState()
+    for msg in drain(JobSource(job_dir, follow=False)):
+        job.apply(msg)
+    assert job.attempts == {0: 0, 1: 1}
+    assert job.ranks[0].steps == 300 and job.ranks[1].steps == 120  # the restart's own count, not the old one's
+    old = {"type": "steps", "seq": 10**6, RANK_KEY: 1, "fields": ["i"], "rows": [[999]]}
+    job.apply(old)  # a late message of attempt 0
+    assert job.ranks[1].steps == 120

@@ -216,8 +216,10 @@ _RANK_ENV = ("PERFMON_RUN_DIR", "PERFMON_LAUNCHER_PID", "PERFMON_RANKS", "RANK",
     # a rank torchrun restarted records beside its first attempt
     ({"PERFMON_RUN_DIR": "{tmp}/J", "RANK": "3", "WORLD_SIZE": "4", "TORCHELASTIC_RESTART_COUNT": "2"},
      "{tmp}/J/rank-3.restart2"),
-    # perfmon.instrument() with no dir: every rank names the job's dir from torchrun's run id
-    ({"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "abc"}, "{cwd}/perfmon-runs/{date}-train-jobabc/rank-1"),
+    # perfmon.instrument() with no dir: every rank names the job's dir from torchrun's run id and when the
+    # process that started the ranks started (the same id run again gets a dir of its own)
+    ({"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "abc"},
+     "{cwd}/perfmon-runs/{pdate}-train-jobabc-{ptime}/rank-1"),
 ])
 def test_where_a_process_records(env: dict[str, str], want: str, tmp_path: Path,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -230,7 +232,11 @@ def test_where_a_process_records(env: dict[str, str], want: str, tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     for name, value in env.items():
         monkeypatch.setenv(name, value.format(tmp=tmp_path))
-    fill = {"tmp": tmp_path, "cwd": tmp_path, "date": time.strftime("%Y%m%d")}
+    import psutil
+
+    started = time.localtime(psutil.Process(os.getppid()).create_time())
+    fill = {"tmp": tmp_path, "cwd": tmp_path, "pdate": time.strftime("%Y%m%d", started),
+            "ptime": time.strftime("%H%M%S", started)}
     assert _run_dir("train.py") == Path(want.format(**fill))
 
 

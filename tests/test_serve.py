@@ -109,17 +109,16 @@ def test_dashboard_in_a_browser_follows_the_job_and_its_keys_work(tmp_path: Path
         pid = wait_for(lambda: next((json.loads(line)["pid"] for line in _lines(run / "events.jsonl")
                                      if '"hello"' in line), None), "the job's hello")
         port = free_port()
-        server = subprocess.Popen([*PERFMON, "serve", str(pid), "--port", str(port)], cwd=tmp_path, env=env,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True)
-        wait_for(lambda: _listening(port), "the server")
+        served = Served([str(pid)], env, port, cwd=tmp_path)
+        server = served.proc
+        url = wait_for(lambda: served.url(), "the URL with its token")
         screen = Screen()
         with playwright.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1300, "height": 820})
             page.on("websocket", lambda ws: (ws.on("framesent", screen.sent),
                                              ws.on("framereceived", screen.received)))
-            page.goto(f"http://localhost:{port}/")
+            page.goto(url)
             first = pumping(page, lambda: step_shown(screen.text()), "a step count on the page")
             pumping(page, lambda: (step_shown(screen.text()) or 0) > first, "the step count to advance on the page")
             assert "step phases" in screen.text() and "attached" in screen.text()
@@ -165,17 +164,21 @@ def _listening(port: int) -> bool:
 class Served:
     """``perfmon serve`` in the background; its stderr lines as they come."""
 
-    def __init__(self, args: list[str], environ: dict[str, str], port: int) -> None:
+    def __init__(self, args: list[str], environ: dict[str, str], port: int, cwd: Path | None = None) -> None:
         import threading
 
         self.port = port
-        self.proc = subprocess.Popen([*PERFMON, "serve", *args, "--port", str(port)], env=environ,
+        self.proc = subprocess.Popen([*PERFMON, "serve", *args, "--port", str(port)], env=environ, cwd=cwd,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True)
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()  # type: ignore[arg-type]
         wait_for(lambda: _listening(port) or self.proc.poll() is not None, "the server")
         assert self.proc.poll() is None, "".join(self.lines)
+
+    def url(self) -> str | None:
+        """The URL printed at start (with its token)."""
+        return next((w for line in self.lines for w in line.split() if "?token=" in w), None)
 
     def close(self) -> None:
         self.proc.send_signal(2)
@@ -190,8 +193,7 @@ def test_beyond_loopback_every_request_needs_the_token(tmp_path: Path, env: dict
     port = free_port()
     served = Served([str(run), "--host", "0.0.0.0"], env, port)
     try:
-        url = wait_for(lambda: next((w for line in served.lines for w in line.split() if "?token=" in w), None),
-                       "the URL with its token")
+        url = wait_for(served.url, "the URL with its token")
         token = url.split("?token=", 1)[1]
         assert len(token) >= 24  # a random one: none was given
         assert get(f"http://127.0.0.1:{port}/")[0] == 403
@@ -199,7 +201,7 @@ def test_beyond_loopback_every_request_needs_the_token(tmp_path: Path, env: dict
         assert get(f"http://127.0.0.1:{port}/static/css/xterm.css")[0] == 403
         status, page = get(f"http://127.0.0.1:{port}/?token={token}")
         assert status == 200 and "textual-terminal" in page
-        assert any("keep the token private" in line for line in served.lines)
+        assert any("keep it private" in line for line in served.lines)
     finally:
         served.close()
 
@@ -215,17 +217,33 @@ def test_a_given_token_is_the_one_checked(tmp_path: Path, env: dict[str, str]) -
         served.close()
 
 
-def test_loopback_needs_no_token_and_prints_the_ssh_line(tmp_path: Path, env: dict[str, str]) -> None:  # noqa: F811
+def test_loopback_needs_the_token_too_and_prints_the_ssh_line(tmp_path: Path, env: dict[str, str]) -> None:  # noqa: F811
+    """Any web page the user opens could reach localhost: without the token (or from another origin) nothing."""
     port = free_port()
     server = make_server(str(write_recording(tmp_path / "run")), port=port)
-    assert server.token is None and "replay" in server.command  # a recording: each tab replays it
+    assert server.token and "replay" in server.command  # a recording: each tab replays it
     assert any(f"ssh -L {port}:127.0.0.1:{port}" in line for line in server.lines)
     served = Served([str(tmp_path / "run")], env, port)
     try:
-        assert get(f"http://127.0.0.1:{port}/")[0] == 200
-        wait_for(lambda: any("ssh -L" in line for line in served.lines), "the ssh line")
+        url = wait_for(served.url, "the URL with its token")
+        assert url.startswith(f"http://localhost:{port}/?token=")
+        token = url.split("?token=", 1)[1]
+        assert get(f"http://127.0.0.1:{port}/")[0] == 403
+        assert get(f"http://127.0.0.1:{port}/?token={token}")[0] == 200
+        evil = urllib.request.Request(f"http://127.0.0.1:{port}/?token={token}", headers={"Origin": "http://evil.example"})
+        try:
+            status = urllib.request.urlopen(evil, timeout=10).status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        assert status == 403
+        assert any("ssh -L" in line for line in served.lines)
     finally:
         served.close()
+
+
+def test_a_short_token_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ServeError, match="at least 12"):
+        make_server(str(write_recording(tmp_path / "run")), port=free_port(), token="")
 
 
 @pytest.mark.parametrize(("target", "message"), [

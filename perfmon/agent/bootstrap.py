@@ -49,18 +49,29 @@ def _run_dir(target: str) -> Path:
     single = bool(given) and bool(os.environ.get("PERFMON_LAUNCHER_PID")) and os.environ.get(paths.RANKS_ENV) != "1"
     if single or not paths.is_ranked(where):
         return Path(given or paths.default_run_dir(target))
-    job = Path(given) if given else paths.job_run_dir(target, str(where["job_id"]))
+    job = Path(given) if given else paths.job_run_dir(target, str(where["job_id"]), started=_launcher_start())
     rank_dir = paths.rank_dir(job, int(where["rank"] or 0))
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if restart.isdigit() and int(restart) > 0:  # torchrun restarted the workers: a new recording beside the old
         rank_dir = rank_dir.with_name(f"{rank_dir.name}.restart{restart}")
-    return rank_dir
+    return rank_dir.absolute()  # discovery files carry it: `perfmon attach` may run from anywhere
+
+
+def _launcher_start() -> float | None:
+    """When the process that started this rank (torchrun's agent, Slurm's step) started: every rank it
+    started names the same job dir, and the next job with the same id a new one."""
+    try:
+        import psutil
+
+        return float(psutil.Process(os.getppid()).create_time())
+    except Exception:  # noqa: BLE001 - the name falls back to today's date
+        return None
 
 
 def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | None:
     """Create and start the agent; returns None (and says why) if it cannot start."""
-    run_dir = _run_dir(target)
     try:
+        run_dir = _run_dir(target)
         interval = float(os.environ.get("PERFMON_SAMPLE_INTERVAL") or 1.0)
         agent = Agent(run_dir, _meta(target, argv, module, run_dir), sample_interval=interval if interval > 0 else None)
         agent.start()

@@ -227,11 +227,12 @@ class Agent:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_parent,
                                                                            os.environ.get("PYTHONPATH")])))
             rules = ["--rules", os.environ["PERFMON_RULES"]] if os.environ.get("PERFMON_RULES") else []
-            # one rank of a job: the job's report writes every rank's summary.json and the job's (the last rank to
-            # end writes the complete one)
+            # one rank of a job: its own summary; the first rank of each node also waits for the node's other
+            # ranks to end and writes the job's (one writer a node, not one a rank)
             ranked = self.meta.get("rank") is not None and self.run_dir.name.startswith(paths.RANK_DIR_PREFIX)
-            target = self.run_dir.parent if ranked else self.run_dir
-            subprocess.Popen([sys.executable, "-m", "perfmon.cli", "report", str(target), "--write-summary",
+            job_writer = ranked and self.meta.get("local_rank") in (0, None)
+            target = [str(self.run_dir.parent), "--wait-ranks", "600"] if job_writer else [str(self.run_dir)]
+            subprocess.Popen([sys.executable, "-m", "perfmon.cli", "report", *target, "--write-summary",
                               *rules],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env=env, start_new_session=True, close_fds=True)

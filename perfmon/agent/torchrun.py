@@ -34,6 +34,10 @@ def main(argv: list[str]) -> int:
         print("perfmon: error: perfmon torchrun runs Python training scripts; --no-python starts a program "
               "perfmon cannot instrument", file=sys.stderr)
         return 2
+    if getattr(args, "run_path", False):
+        print("perfmon: error: --run-path cannot be combined with perfmon torchrun (each worker runs "
+              "python -m perfmon.agent SCRIPT)", file=sys.stderr)
+        return 2
     if not args.module and not os.path.isfile(args.training_script):
         print(f"perfmon: error: can't open file {args.training_script!r}: No such file or directory",
               file=sys.stderr)

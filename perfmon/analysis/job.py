@@ -20,6 +20,8 @@ from perfmon.protocol import ALL_PHASES
 
 #: The key a job source adds to each message: which rank sent it.
 RANK_KEY = "_rank"
+#: ... and which attempt of it (torchrun restarts a failed job's workers: ``rank-K.restartN``).
+ATTEMPT_KEY = "_attempt"
 
 
 class JobState:
@@ -27,6 +29,7 @@ class JobState:
 
     def __init__(self) -> None:
         self.ranks: dict[int, RunState] = {}
+        self.attempts: dict[int, int] = {}  # the attempt each rank's state is of
         self.returncode: int | None = None  # the launcher's (torchrun's) exit status, once it ended
 
     def rank(self, rank: int) -> RunState:
@@ -42,8 +45,17 @@ class JobState:
             return
         if msg.get("type") == "reset":
             self.ranks.clear()
+            self.attempts.clear()
             return
-        self.rank(rank).apply({k: v for k, v in msg.items() if k != RANK_KEY})
+        attempt = msg.get(ATTEMPT_KEY)
+        attempt = attempt if isinstance(attempt, int) else 0
+        known = self.attempts.get(rank, attempt)
+        if attempt < known:
+            return  # the end of an attempt torchrun has replaced
+        if attempt > known:
+            self.ranks[rank] = RunState()  # a restarted worker: a new process, its own numbering
+        self.attempts[rank] = attempt
+        self.rank(rank).apply({k: v for k, v in msg.items() if k not in (RANK_KEY, ATTEMPT_KEY)})
 
     def process_exited(self, returncode: int) -> None:
         """The job's launcher ended: ranks that recorded no exit of their own ended with it."""

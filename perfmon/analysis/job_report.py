@@ -149,7 +149,24 @@ def job_status_line(job: JobState) -> str:
     return f"[perfmon] {len(rows)}/{job.world_size} ranks | {per_rank}{tail}"
 
 
-def job_report_main(run_dir: Path, as_json: bool, rules: Config | None = None, write: bool = False) -> int:
+def wait_for_ranks(run_dir: Path, timeout: float, poll: float = 1.0) -> None:
+    """Until every rank's recording ends with its exit (or its process is gone), at most ``timeout`` s."""
+    import time
+
+    from perfmon import paths
+    from perfmon.monitor.launch import recording_ended
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(recording_ended(d) for _, d in paths.rank_dirs(run_dir)):
+            return
+        time.sleep(poll)
+
+
+def job_report_main(run_dir: Path, as_json: bool, rules: Config | None = None, write: bool = False,
+                    wait: float = 0.0) -> int:
+    if wait > 0:
+        wait_for_ranks(run_dir, wait)
     job = load_job(run_dir)
     summary = write_job_summaries(job, run_dir, rules) if write else build_job_summary(job, run_dir, rules)
     if write:

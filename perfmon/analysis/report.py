@@ -257,7 +257,7 @@ def format_finding(f: dict[str, Any]) -> str:
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """RUN/summary.json, written whole (a temporary file, then a rename); a full disk leaves the old one."""
     path = Path(run_dir) / "summary.json"
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_name(f".summary.json.{os.getpid()}.tmp")  # several writers (a job's ranks) never share one
     try:
         tmp.write_text(json.dumps(summary, indent=2) + "\n")
         os.replace(tmp, path)
@@ -268,14 +268,14 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
             pass
 
 
-def report_main(run_dir: Path, as_json: bool, rules: Any = None, write: bool = False) -> int:
+def report_main(run_dir: Path, as_json: bool, rules: Any = None, write: bool = False, wait: float = 0.0) -> int:
     """``perfmon report RUN [--json] [--rules FILE] [--write-summary]``; a job's run dir reports every rank."""
     from perfmon.analysis.job import is_job_dir
 
     if is_job_dir(run_dir_of(run_dir)):
         from perfmon.analysis.job_report import job_report_main
 
-        return job_report_main(run_dir_of(run_dir), as_json, rules, write)
+        return job_report_main(run_dir_of(run_dir), as_json, rules, write, wait)
     state = load_recording(run_dir)
     findings = None
     if rules is not None:

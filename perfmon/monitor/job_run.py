@@ -102,8 +102,13 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
         follower = follow_job(source, job, lock)
         next_status = next_rules = time.monotonic() + 1.0
         next_status += interval - 1.0
+        relay_said: str | None = None
         while proc.alive():
             tail.pump()
+            relay_error = getattr(node, "error", None)  # a relay that cannot reach or convince the hub
+            if relay_error and relay_error != relay_said:
+                relay_said = relay_error
+                print(f"[perfmon] multi-node: {relay_error} (retrying)", file=err, flush=True)
             now = time.monotonic()
             if now >= next_rules:
                 with lock:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import paths
-from perfmon.analysis.job import RANK_KEY
+from perfmon.analysis.job import ATTEMPT_KEY, RANK_KEY
 from perfmon.analysis.profile_window import summarised
 from perfmon.monitor.sources import LiveSource, RecordingReader, ReplaySource, Source, wait_for_socket
 
@@ -32,6 +32,12 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _attempt(rank_dir: Path) -> int:
+    """Which attempt a rank dir holds: 0, or N for torchrun's restart N (``rank-K.restartN``)."""
+    _, _, after = rank_dir.name.partition(".restart")
+    return int(after) if after.isdigit() else 0
 
 
 class _FollowedRecording(Source):
@@ -128,8 +134,11 @@ class JobSource(Source):
                 return
             with self._lock:
                 self._ranks[rank] = source
+            attempt = _attempt(rank_dir)
             for msg in summarised(source.messages()):  # windows analysed from their traces
                 msg[RANK_KEY] = rank
+                if attempt:
+                    msg[ATTEMPT_KEY] = attempt
                 self._put(msg)
             self.skipped += getattr(source, "skipped", 0)
         except OSError:

@@ -90,9 +90,13 @@ def check_target(target: Target, python: str | None) -> None:
     """Fail early, with one clear line, on a missing or unreadable script or module."""
     if target.torchrun:
         found = torchrun_script(target.args)
-        if found is not None and {"--no-python", "--no_python"} & set(target.args[:target.args.index(found[0])]):
+        options = set(torchrun_options(target.args))
+        if {"--no-python", "--no_python"} & options:
             raise LaunchError("perfmon torchrun runs Python training scripts; --no-python starts a program perfmon "
                               "cannot instrument")
+        if {"--run-path", "--run_path"} & options:
+            raise LaunchError("perfmon torchrun runs each worker as python -m perfmon.agent SCRIPT: --run-path "
+                              "cannot be combined with it (leave it out: the script runs as __main__ either way)")
         if found is None:
             raise LaunchError("perfmon torchrun: no training script given (perfmon torchrun [torchrun options] "
                               "SCRIPT [ARGS...])")
@@ -204,7 +208,8 @@ class TrainingProcess:
             self._private_runtime = None
 
     def start(self) -> TrainingProcess:
-        if (self.run_dir / "events.jsonl").exists():
+        if (self.run_dir / "events.jsonl").exists() or any(
+                (d / "events.jsonl").exists() for _, d in paths.rank_dirs(self.run_dir)):
             raise LaunchError(f"run dir {self.run_dir} already holds a recording; choose another --run-dir")
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -303,6 +308,29 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
     summary = build_summary(state, findings)
     write_summary(run_dir, summary)
     return summary
+
+
+def recording_ended(run_dir: Path) -> bool:
+    """The run's recording holds its exit record, or the process that wrote it is gone."""
+    tail = _tail(run_dir / "events.jsonl")
+    if tail is None:
+        return True
+    if _ends_with_exit(tail[: tail.rfind(b"\n") + 1]):
+        return True
+    try:
+        with open(run_dir / "events.jsonl", "rb") as f:
+            pid = protocol.decode(f.readline()).get("pid")
+    except (OSError, protocol.DecodeError):
+        return True
+    if not isinstance(pid, int):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _ends_with_exit(complete: bytes) -> bool:

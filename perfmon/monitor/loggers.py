@@ -135,7 +135,7 @@ class ScalarLoggers:
             for rank in sorted(self.job.ranks):
                 state = self.job.ranks[rank]
                 if state.steps:
-                    mine = [f for f in across if f.evidence.get("rank") == rank]
+                    mine = [f for f in across if f.evidence.get("rank") in (rank, None)]
                     out.append((f"rank{rank}/", rank, state.steps, scalars(state, mine + evaluate_once(state, cfg))))
             return out
 

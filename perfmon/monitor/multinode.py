@@ -62,13 +62,17 @@ class Endpoint:
 
 def _option(argv: list[str], *names: str) -> str | None:
     """The value of a torchrun option (``--opt value`` or ``--opt=value``, ``-`` and ``_`` spellings), among
-    the options before the script."""
+    the options before the script; else torchrun's environment form (``PET_NNODES`` for ``--nnodes``)."""
     want = {n for name in names for n in (name, "--" + name[2:].replace("-", "_"))}
     argv = torchrun_options(argv)  # what follows the script is the script's own
     for i, arg in enumerate(argv):
         key, eq, value = arg.partition("=")
         if key in want:
             return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    for name in names:
+        value = os.environ.get("PET_" + name[2:].replace("-", "_").upper())
+        if value:
+            return value
     return None
 
 
@@ -97,18 +101,31 @@ def job_secret(ep: Endpoint, key_path: Path | None = None) -> bytes:
     if given:
         return hashlib.sha256(given.encode()).digest()
     path = key_path or Path.home() / ".config" / "perfmon" / "key"
+    key = _read_key(path)
+    if key is None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".key.{socket.gethostname()}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        try:
+            os.link(tmp, path)  # whole or not at all: another node (shared home) may be making it too
+        except FileExistsError:
+            pass  # it won: use theirs
+        finally:
+            tmp.unlink(missing_ok=True)
+        key = _read_key(path)
+        if key is None:
+            raise OSError(f"cannot read the per-user key {path}")
+    return hmac.new(key, f"{ep.rdzv_id}|{ep.host}|{ep.port}".encode(), hashlib.sha256).digest()
+
+
+def _read_key(path: Path) -> bytes | None:
     try:
         key = path.read_bytes()
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(32))
-        except FileExistsError:
-            pass  # another node (shared home) or launcher made it first: read theirs
-        key = path.read_bytes()
-    return hmac.new(key, f"{ep.rdzv_id}|{ep.host}|{ep.port}".encode(), hashlib.sha256).digest()
+        return None
+    return key if len(key) == 32 else None
 
 
 def _mac(secret: bytes, role: str, mine: str, theirs: str) -> str:

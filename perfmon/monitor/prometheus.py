@@ -92,7 +92,7 @@ class Sources:
             for rank in sorted(self.job.ranks):
                 state = self.job.ranks[rank]
                 labels = {"rank": str(rank), "node": "" if state.meta.node is None else str(state.meta.node)}
-                mine = [f for f in across if f.evidence.get("rank") == rank]
+                mine = [f for f in across if f.evidence.get("rank") in (rank, None)]  # a job-wide one: on every rank
                 out.append(_snapshot(labels, state, mine + evaluate_once(state, cfg)))
             return out
 

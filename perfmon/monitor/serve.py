@@ -2,9 +2,11 @@
 project's own server): each browser tab runs ``perfmon attach`` (a live run or job) or ``perfmon replay`` (a
 recording) under Textual's web driver, so every key works as in the terminal.
 
-It listens on 127.0.0.1 unless told otherwise (reach it from a laptop with ``ssh -L``). Another address needs
-``--host`` said explicitly, and then every request must carry the server's token (a random one unless
-``--token`` gives it): the first page is opened with ``?token=...``, which sets a cookie for the rest.
+It listens on 127.0.0.1 unless told otherwise (reach it from a laptop with ``ssh -L``); another address needs
+``--host`` said explicitly. Every request must carry the server's token (a random one unless ``--token`` gives
+it), on loopback too: any web page the user visits could otherwise open a websocket to localhost and press the
+job's keys, and any other user of the machine could connect. The first page is opened with ``?token=...``,
+which sets a same-site cookie for the rest; a websocket from another origin is refused as well.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ def _server_class() -> Any:
             given = request.query.get("token") or request.cookies.get(COOKIE) or ""
             if not hmac.compare_digest(given.encode(), self.token.encode()):
                 raise web.HTTPForbidden(text="perfmon serve: open the URL with its ?token=... (printed at start)\n")
+            origin = request.headers.get("Origin")
+            if origin is not None and origin.split("://", 1)[-1] != request.host:
+                raise web.HTTPForbidden(text="perfmon serve: a page of another site may not drive the dashboard\n")
             response = await handler(request)
             if request.query.get("token") and isinstance(response, web.Response):
                 response.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
@@ -101,7 +106,9 @@ def make_server(target: str | None, host: str = "127.0.0.1", port: int = 8000, t
     command, what = dashboard_command(target)
     if host not in LOOPBACK and not host_given:
         raise ServeError("serving beyond 127.0.0.1 needs --host given explicitly")
-    if host not in LOOPBACK and token is None:
+    if token is not None and len(token) < 12:
+        raise ServeError("--token must be at least 12 characters (or leave it out: a random one is made)")
+    if token is None:
         token = secrets.token_urlsafe(24)
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
         try:
@@ -113,14 +120,11 @@ def make_server(target: str | None, host: str = "127.0.0.1", port: int = 8000, t
     server = server_class(shlex.join(command), host=host, port=port, title="perfmon",
                           public_url=None if host not in LOOPBACK else f"http://localhost:{port}")
     server.token = token
-    url = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    url = f"http://{shown}:{port}/?token={token}"
     lines = [f"perfmon: serving the dashboard of {what}", f"  open {url}"]
     if host in LOOPBACK:
-        lines.append(f"  from another machine: ssh -L {port}:127.0.0.1:{port} {_login()}  then open "
-                     f"http://localhost:{port}/")
-    else:
-        lines.append("  anyone who can reach this address and has the token can watch the job and use its keys "
-                     "(stop included): keep the token private")
+        lines.append(f"  from another machine: ssh -L {port}:127.0.0.1:{port} {_login()}  then open that URL")
+    lines.append("  whoever has the token can watch the job and use its keys (stop included): keep it private")
     lines.append("  Ctrl-C stops serving (the job goes on)")
     server.lines = lines
     return server
