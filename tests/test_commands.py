@@ -118,7 +118,7 @@ def test_count_flops_of_one_step(session):
 
 
 def test_periodic_windows_do_not_change_results(tmp_path):
-    args = ["--steps", "60", "--log-every", "20"]
+    args = ["--steps", "60", "--log-every", "20", "--hidden", "256"]
     plain = subprocess.run([sys.executable, str(DEMO), *args], capture_output=True, text=True, check=True).stdout
     run = tmp_path / "run"
     out = subprocess.run(

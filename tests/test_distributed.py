@@ -138,7 +138,7 @@ def test_ranks_that_call_instrument_register_as_one_job_that_attach_reads_whole(
 
     monkeypatch.setenv("PERFMON_RUNTIME_DIR", env["PERFMON_RUNTIME_DIR"])
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *torchrun(
-        "--steps", "400", "--instrument", "--step-sleep", "0.02")], cwd=tmp_path, env=env,
+        "--steps", "250", "--instrument", "--step-sleep", "0.02")], cwd=tmp_path, env=env,
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     source = None
     try:
@@ -167,12 +167,12 @@ def test_ranks_that_call_instrument_register_as_one_job_that_attach_reads_whole(
             source.close()
         out = job.communicate(timeout=180)[0]
     assert job.returncode == 0, out[-3000:]
-    assert done(out) == {0: 400, 1: 400}
+    assert done(out) == {0: 250, 1: 250}
     job_dir = Path(entry["job_dir"])
     # nobody launched it: each rank's exit starts a detached report that writes the summaries
     summary = wait_for(lambda: (job_dir / "summary.json").exists() and json.loads(
         (job_dir / "summary.json").read_text()), "the job's summary.json")
-    wait_for(lambda: all(r["steps"] == 400 and r["exit_code"] == 0 for r in json.loads(
+    wait_for(lambda: all(r["steps"] == 250 and r["exit_code"] == 0 for r in json.loads(
         (job_dir / "summary.json").read_text())["ranks"]), "a summary with both ranks' exits")
     assert summary["world_size"] == 2
 
