@@ -4,6 +4,7 @@
     perfmon [OPTIONS] -m MODULE [ARGS...]    like python -m
     perfmon [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS...]   every rank of a torchrun job
     perfmon report RUN_DIR [--json]          summary of a recording
+    perfmon serve [PID | RUN_DIR]            the dashboard in a browser
 
 Options come before the script; everything after it goes to the script untouched.
 """
@@ -33,7 +34,8 @@ def _run_parser() -> _Parser:
         description="Live performance monitor for PyTorch training, in the terminal.",
         usage="perfmon [OPTIONS] SCRIPT [ARGS...] | perfmon [OPTIONS] -m MODULE [ARGS...] | "
         "perfmon [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS...] | "
-        "perfmon report RUN [--json] | perfmon trace PATH [--json] | perfmon ls | perfmon attach [PID|RUN] | perfmon replay RUN",
+        "perfmon report RUN [--json] | perfmon trace PATH [--json] | perfmon ls | perfmon attach [PID|RUN] | "
+        "perfmon replay RUN | perfmon serve [PID|RUN]",
         epilog="Options come before the script; everything after the script is passed to it untouched.",
     )
     p.add_argument("--headless", action="store_true", help="no dashboard: script output on stdout, status lines on stderr")
