@@ -102,6 +102,17 @@ def unusable_line(exc: RuntimeDirError, consequence: str) -> str:
     return f"perfmon: {exc}: not using it; {consequence} ({RUNTIME_DIR_FIX})"
 
 
+def pid_alive(pid: int) -> bool:
+    """A process with this pid exists (another user's counts: it exists, we may not signal it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def socket_path(pid: int) -> Path:
     return runtime_dir() / f"{pid}.sock"
 

@@ -59,6 +59,17 @@ def wait_for(cond: Callable[[], Any], what: str, timeout: float = DEADLINE, ever
         time.sleep(every)
 
 
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """Something accepts TCP connections on ``host:port``."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
 def perfmon(args: list[str], env: dict[str, str], cwd: Path = REPO, launcher: list[str] | None = None,
             timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*(launcher or PERFMON), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,

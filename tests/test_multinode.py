@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_e2e import PERFMON, REPO, env, perfmon, report, wait_for  # noqa: F401  (env: private runtime dir)
+from test_e2e import PERFMON, REPO, env, listening, perfmon, report, wait_for  # noqa: F401  (env: private runtime dir)
 
 from perfmon.monitor import multinode
 from perfmon.monitor.multinode import (
@@ -212,7 +212,7 @@ def test_two_nodes_headless_hub_reports_every_rank_of_every_node(tmp_path: Path,
                              cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: _listening(port + 1), "node 0's hub")
+        wait_for(lambda: listening(port + 1), "node 0's hub")
         node1 = perfmon(["--headless", "--run-dir", str(tmp_path / "n1"), *_node_args(port, 60)], env, timeout=180)
         out0, err0 = node0.communicate(timeout=180)
     finally:
@@ -245,14 +245,6 @@ def _kill_jobs(port: int) -> None:
                 pass
 
 
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux to drive the dashboard in a terminal")
 def test_two_nodes_seen_from_node_0s_dashboard_in_a_terminal(tmp_path: Path, env: dict[str, str]) -> None:  # noqa: F811
@@ -265,7 +257,7 @@ def test_two_nodes_seen_from_node_0s_dashboard_in_a_terminal(tmp_path: Path, env
                     f"cd {REPO} && {cmd}; sleep 60"], env=env, check=True)
     node1 = None
     try:
-        wait_for(lambda: _listening(port + 1), "node 0's hub")
+        wait_for(lambda: listening(port + 1), "node 0's hub")
         node1 = subprocess.Popen([*PERFMON, "--headless", "--run-dir", str(tmp_path / "n1"),
                                   *_node_args(port, 3000)], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_e2e import PERFMON, REPO, env, perfmon, wait_for  # noqa: F401  (env: private runtime dir)
+from test_e2e import PERFMON, REPO, env, listening, perfmon, wait_for  # noqa: F401  (env: private runtime dir)
 from tui_fixtures import write_recording
 
 from perfmon.monitor.serve import ServeError, make_server
@@ -152,14 +152,6 @@ def _lines(path: Path) -> list[str]:
         return []
 
 
-def _listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
 # -- without a browser -------------------------------------------------------------------------------
 class Served:
     """``perfmon serve`` in the background; its stderr lines as they come."""
@@ -173,7 +165,7 @@ class Served:
                                      text=True)
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()  # type: ignore[arg-type]
-        wait_for(lambda: _listening(port) or self.proc.poll() is not None, "the server")
+        wait_for(lambda: listening(port) or self.proc.poll() is not None, "the server")
         assert self.proc.poll() is None, "".join(self.lines)
 
     def url(self) -> str | None:

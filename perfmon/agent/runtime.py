@@ -218,7 +218,7 @@ class Agent:
         launcher = os.environ.get("PERFMON_LAUNCHER_PID")
         if launcher == str(os.getppid()):
             return
-        if os.environ.get("PERFMON_RANKS") == "1" and launcher and launcher.isdigit() and _alive(int(launcher)):
+        if os.environ.get("PERFMON_RANKS") == "1" and launcher and launcher.isdigit() and paths.pid_alive(int(launcher)):
             return  # one rank of `perfmon torchrun`: its launcher writes every rank's summary and the job's
         try:
             import subprocess
@@ -432,16 +432,6 @@ class Agent:
         tmp.write_text(json.dumps(info))
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _ms(seconds: float) -> float:

@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from perfmon import paths
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def live_runs() -> list[dict[str, Any]]:
@@ -40,7 +29,7 @@ def live_runs() -> list[dict[str, Any]]:
             pid = int(info["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if not _alive(pid):
+        if not paths.pid_alive(pid):
             for stale in (f, Path(str(info.get("socket", "")))):
                 try:
                     stale.unlink(missing_ok=True)
@@ -105,7 +94,7 @@ def find_run(target: str | None) -> dict[str, Any]:
         for r in runs:
             if int(r["pid"]) == int(target):
                 return r
-        if _alive(int(target)):
+        if paths.pid_alive(int(target)):
             raise AttachError(f"pid {target} is not a perfmon run (start it with perfmon, or call perfmon.instrument())")
         raise AttachError(f"no process with pid {target}")
     path = Path(target).resolve()

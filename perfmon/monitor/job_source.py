@@ -7,7 +7,6 @@ restarts them under new dirs. Commands go to every rank, or to the ranks a comma
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -22,16 +21,6 @@ from perfmon.monitor.sources import LiveSource, RecordingReader, ReplaySource, S
 POLL_S = 0.25
 _DONE = object()
 _OPENED = object()
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _attempt(rank_dir: Path) -> int:
@@ -56,7 +45,7 @@ class _FollowedRecording(Source):
 
     def messages(self) -> Iterator[dict[str, Any]]:
         while not self._closed.is_set():
-            alive = _pid_alive(self.pid)  # before the read: what it wrote before it ended is in this one
+            alive = paths.pid_alive(self.pid)  # before the read: what it wrote before it ended is in this one
             batch = self.reader.read_new()
             for msg in batch:
                 yield msg
@@ -167,7 +156,7 @@ class JobSource(Source):
             socket_dir = None
         if socket_dir is not None:
             sock = socket_dir / f"{pid}.sock"
-            if wait_for_socket(sock, lambda: _pid_alive(pid) and not self._closed.is_set(), timeout=30.0):
+            if wait_for_socket(sock, lambda: paths.pid_alive(pid) and not self._closed.is_set(), timeout=30.0):
                 live = LiveSource(sock, rank_dir)
                 try:
                     live.connect()

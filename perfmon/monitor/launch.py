@@ -322,15 +322,7 @@ def recording_ended(run_dir: Path) -> bool:
             pid = protocol.decode(f.readline()).get("pid")
     except (OSError, protocol.DecodeError):
         return True
-    if not isinstance(pid, int):
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return not isinstance(pid, int) or not paths.pid_alive(pid)
 
 
 def _ends_with_exit(complete: bytes) -> bool:
