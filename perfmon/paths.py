@@ -103,14 +103,19 @@ def unusable_line(exc: RuntimeDirError, consequence: str) -> str:
 
 
 def pid_alive(pid: int) -> bool:
-    """A process with this pid exists (another user's counts: it exists, we may not signal it)."""
+    """A process with this pid runs (another user's counts: it exists, we may not signal it). A zombie does not:
+    a monitor killed with -9 whose parent never reaps it is gone for every purpose here."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc (not Linux): existing is all we know
 
 
 def socket_path(pid: int) -> Path:

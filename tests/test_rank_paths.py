@@ -248,3 +248,23 @@ def test_a_plain_process_records_in_a_new_dir_of_its_own(tmp_path: Path, monkeyp
     monkeypatch.chdir(tmp_path)
     got = _run_dir("train.py")
     assert got.parent == tmp_path / "perfmon-runs" and got.name.endswith("-train")
+
+
+def test_a_zombie_is_not_alive() -> None:
+    """A process that exited but was not reaped (a killed monitor whose parent never waits) counts as gone."""
+    import subprocess
+    import sys
+
+    from perfmon.paths import pid_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    import time
+
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child.pid}").exists() and b") Z" not in Path(f"/proc/{child.pid}/stat").read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not pid_alive(child.pid)  # exited, not yet reaped
+    assert pid_alive(os.getpid())
+    child.wait()
+    assert not pid_alive(child.pid)
