@@ -429,3 +429,134 @@ def test_end_boundary_is_end_then_boundary():
     merged = records(events(True))
     assert len(merged) == 3 and merged == records(events(False))
     assert merged[1][3]["backward"] == pytest.approx(0.003)
+
+
+# -- feed_many: the agent's batched path (a fast path for steady loops) equals feeding one by one ---------------
+
+
+def hook_stream(s: Seq) -> list[tuple[int, float, object, object]]:
+    """The events the agent's buffer holds for ``s``: what the hooks append, Boundaries deciding (a BOUNDARY
+    before a phase that ends the previous step, END_BOUNDARY where a phase's end ends it), no CUDA marks."""
+    from perfmon.agent.steps import END_BOUNDARY
+
+    bounds = Boundaries()
+    out: list[tuple[int, float, object, object]] = []
+    for code, t, arg, key in s.events:
+        if code == BEGIN:
+            if bounds.begin(arg[0] if isinstance(arg, tuple) else arg, key):
+                out.append((BOUNDARY, t, None, None))
+        elif code == END:
+            ended = bounds.end(arg[0] if isinstance(arg, tuple) else arg, key)
+            out.append((END_BOUNDARY if ended else END, t, arg, None))
+            continue
+        elif code == STEP:
+            bounds.explicit = True
+        elif code == OPTIMIZER_CREATED:
+            bounds.optimizers_seen = True
+        out.append((code, t, arg, None))
+    return out
+
+
+def _facts(tracker: StepTracker, records: list) -> list:
+    final = tracker.finish()
+    return [(r.index, r.start, r.end, dict(r.phases), r.samples, r.closures, dict(r.marks))
+            for r in [*records, *([final] if final else [])]] + [tracker.count, tracker.drain_outside()]
+
+
+def one_by_one(events: list) -> list:
+    tracker = StepTracker()
+    return _facts(tracker, [r for e in events if (r := tracker.feed(*e)) is not None])
+
+
+def batched(events: list, seed: int) -> tuple[list, int]:
+    """feed_many over chunks of random sizes (the agent's ticks cut the stream anywhere); also the steps that
+    took the fast path."""
+    import random
+
+    rng = random.Random(seed)
+    tracker, records, i = StepTracker(), [], 0
+    while i < len(events):
+        n = rng.choice((1, 2, 3, 5, 7, 8, 13, 50, 400))
+        records += tracker.feed_many(events[i : i + n])
+        i += n
+    return _facts(tracker, records), tracker.fast_steps
+
+
+def _steady(s: Seq, steps: int, loader: bool) -> Seq:
+    for _ in range(steps):
+        if loader:
+            s.phase("data", 1, 16)
+        s.forward(2).gap(0.3).phase("backward", 3).phase("optimizer", 1).gap(0.2)
+    return s
+
+
+def _mixed(seed: int) -> Seq:
+    """Steady stretches broken by every irregular thing a real loop does between or inside its steps."""
+    import random
+
+    rng = random.Random(seed)
+    s = Seq().mark(OPTIMIZER_CREATED)
+    loader = rng.random() < 0.5
+    for _ in range(40):
+        kind = rng.choice(("steady", "steady", "steady", "eval", "ckpt", "closure", "scaler", "teacher", "accum",
+                           "nosamples", "copy"))
+        if kind == "steady":
+            _steady(s, rng.randint(1, 12), loader)
+        elif kind == "eval":
+            for _ in range(rng.randint(1, 3)):
+                if loader:
+                    s.phase("data", 1, 8)
+                s.nograd_forward(1)
+        elif kind == "ckpt":
+            s.phase("checkpoint", 2)
+        elif kind == "closure":  # LBFGS: forward and backward inside the optimizer
+            s.phase("data", 1, 4).phase("optimizer", 3, inner=[("forward", 1), ("backward", 1)])
+        elif kind == "scaler":
+            s.phase("data", 1, 4).forward(1).phase("backward", 1).phase("optimizer", 1, inner=[("optimizer", 1)])
+        elif kind == "teacher":
+            s.phase("data", 1, 8).nograd_forward(2, "teacher").forward(1).phase("backward", 1).phase("optimizer", 1)
+        elif kind == "accum":
+            for _ in range(2):
+                s.phase("data", 1, 8).forward(1).phase("backward", 1)
+            s.phase("optimizer", 1)
+        elif kind == "nosamples":
+            s.phase("data", 1, None).forward(1).phase("backward", 1).phase("optimizer", 1)
+        else:  # an EMA copy evaluated between steps
+            s.forward(1, "ema", kind=COPY)
+        s.gap(rng.random())
+    return s
+
+
+CASES = {
+    "dataloader": lambda: _steady(Seq().mark(OPTIMIZER_CREATED), 60, True),
+    "no-dataloader": lambda: _steady(Seq().mark(OPTIMIZER_CREATED), 60, False),
+    "no OPTIMIZER_CREATED": lambda: _steady(Seq(), 30, True),
+    "gan": lambda: [gan_batch(s, True) for s in [Seq().mark(OPTIMIZER_CREATED)] for _ in range(20)][0],
+    "manual updates": lambda: [s.forward(1).phase("backward", 1).gap(1) for s in [Seq()] for _ in range(20)][0],
+    "explicit step()": lambda: [_steady(s, 1, True).mark(STEP) for s in [_steady(Seq().mark(OPTIMIZER_CREATED), 10,
+                                                                                   True)] for _ in range(10)][0],
+    **{f"mixed-{seed}": (lambda seed=seed: _mixed(seed)) for seed in range(12)},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_feed_many_equals_feeding_one_by_one(case):
+    events = hook_stream(CASES[case]())
+    expected = one_by_one(events)
+    for seed in range(4):
+        got, _ = batched(events, seed)
+        assert got == expected
+
+
+def test_feed_many_takes_the_fast_path_on_steady_loops_only():
+    for loader in (True, False):
+        events = hook_stream(_steady(Seq().mark(OPTIMIZER_CREATED), 200, loader))
+        got, fast = batched(events, 0)
+        assert got == one_by_one(events)
+        assert fast >= 150  # not the first steps, nor those a chunk's edge cut in two
+        whole = StepTracker()
+        assert len(whole.feed_many(events)) == 200 and whole.fast_steps >= 198  # the first steps teach the loop
+    gan = hook_stream(CASES["gan"]())
+    assert batched(gan, 0)[1] == 0  # two optimizers: every step goes the general way
+    mixed = hook_stream(_mixed(3))
+    assert 0 < batched(mixed, 0)[1] < len([e for e in mixed if e[0] == BEGIN and e[2] == "optimizer"])

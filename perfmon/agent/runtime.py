@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from itertools import starmap
+from itertools import repeat, starmap
 from pathlib import Path
 from typing import Any
 
@@ -349,9 +349,9 @@ class Agent:
 
     def _flush(self, final: bool = False) -> None:
         events = self.events
-        popleft = events.popleft
-        batch = [popleft() for _ in range(len(events))]  # only what is there now: the training thread appends
-        records: list[StepRecord] = [rec for rec in starmap(self.tracker.feed, batch) if rec is not None]
+        # only what is there now (the training thread appends meanwhile), popped by a C-level loop
+        batch = list(starmap(events.popleft, repeat((), len(events))))
+        records = self.tracker.feed_many(batch)
         if final:
             last = self.tracker.finish()
             if last is not None:
@@ -429,8 +429,12 @@ class Agent:
         }
         path = paths.discovery_path(self.pid)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info))
-        os.chmod(tmp, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # a leftover temp file keeps its old mode under O_CREAT
+            os.write(fd, json.dumps(info).encode())
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
 
 

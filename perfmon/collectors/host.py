@@ -34,14 +34,18 @@ class HostSampler:
         _safe(lambda: psutil.cpu_percent(None))
 
     def _workers(self) -> list[psutil.Process]:
-        current = _safe(lambda: self.proc.children(recursive=True)) or []
+        pids = _child_pids(self.proc.pid)
+        if pids is None:  # no /proc/PID/task/TID/children here: psutil scans every process instead
+            pids = [c.pid for c in _safe(lambda: self.proc.children(recursive=True)) or []]
         alive = {}
-        for child in current:
-            known = self._children.get(child.pid)
+        for pid in pids:
+            known = self._children.get(pid)
             if known is None:
-                _safe(lambda c=child: c.cpu_percent(None))  # first call primes the counter
-                known = child
-            alive[child.pid] = known
+                known = _safe(lambda pid=pid: psutil.Process(pid))
+                if known is None:  # gone already
+                    continue
+                _safe(lambda c=known: c.cpu_percent(None))  # first call primes the counter
+            alive[pid] = known
         self._children = alive
         return list(alive.values())
 
@@ -101,3 +105,31 @@ class HostSampler:
         if last is None or now <= last[0]:
             return None
         return max(0.0, (io.read_bytes - last[1]) / (now - last[0]))
+
+
+def _child_pids(pid: int) -> list[int] | None:
+    """Every descendant of ``pid`` from Linux's per-thread ``children`` lists: a few small reads, where psutil's
+    ``children()`` reads the status of every process on the host. None where the kernel has no such file."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        if not os.path.exists(f"/proc/{pid}/task/{tasks[0]}/children"):
+            return None
+    except (OSError, IndexError):
+        return None
+    out: list[int] = []
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue  # exited meanwhile
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out.extend(kids)
+            stack.extend(kids)
+    return out
