@@ -261,3 +261,46 @@ def test_an_older_recordings_0_is_shown_as_na():
     state.apply(protocol.message("sample", t=1000.0, host={}, gpus=[old], cuda_mem=None))
     assert state.gpus[0].proc_mem_bytes is None and state.gpus[0].proc_mem_reason == LEGACY_PROC_MEM_REASON
     assert "this process 0" not in _device_text([old])
+
+
+def test_workers_found_from_any_thread_and_between_full_scans():
+    """Children forked by the main thread are seen at every sample; those of other threads (and grandchildren)
+    at the next full scan of every thread; gone ones drop out."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from perfmon.collectors import host
+
+    if host._child_pids(os.getpid()) is None:
+        pytest.skip("no /proc/PID/task/TID/children on this kernel")
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    parent = [sys.executable, "-c", f"import subprocess, time; subprocess.Popen({sleeper!r}); time.sleep(60)"]
+    sampler = HostSampler()
+    try:
+        assert sampler.sample()["workers"] == 0  # sample 1: a full scan
+        main_child = subprocess.Popen(sleeper)
+        assert sampler.sample()["workers"] == 1  # sample 2: the main thread's children only
+        done = threading.Event()  # the thread stays: a thread's children move to another thread when it ends
+        t = threading.Thread(target=lambda: (subprocess.Popen(parent), done.wait(60)))
+        t.start()
+        deadline = time.monotonic() + 60
+        while len(host._child_pids(os.getpid()) or []) < 3:  # the other thread's child has forked its own
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert sampler.sample()["workers"] == 1  # not a full scan yet
+        sampler._samples = host.FULL_SCAN_EVERY  # the next sample is a full scan
+        assert sampler.sample()["workers"] == 3
+        main_child.kill()
+        main_child.wait()
+        assert sampler.sample()["workers"] == 2
+        done.set()
+        t.join()
+    finally:
+        for pid in host._child_pids(os.getpid()) or []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

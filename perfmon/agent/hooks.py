@@ -202,9 +202,16 @@ class Instrumentation:
     def _patch_dataloader(self) -> None:
         from torch.utils.data import dataloader
 
+        bounds = self.bounds
+
         def make(orig: Callable) -> Callable:
             def __next__(it: Any) -> Any:
-                self.begin("data")
+                fast = self.fast
+                if fast is not None and (bounds.depth or not bounds.pending):
+                    bounds.depth += 1
+                    fast((BEGIN, perf_counter(), "data", None))
+                else:
+                    self.begin("data")
                 self._in_data += 1
                 n = None
                 try:
@@ -216,7 +223,13 @@ class Instrumentation:
                     return batch
                 finally:
                     self._in_data -= 1
-                    self.end("data", ("data", n))
+                    fast = self.fast
+                    depth = bounds.depth
+                    if fast is not None and depth:  # a fetch ends no step while a phase is open
+                        bounds.depth = depth - 1
+                        fast((END, perf_counter(), ("data", n), None))
+                    else:
+                        self.end("data", ("data", n))
 
             return __next__
 
@@ -234,14 +247,30 @@ class Instrumentation:
 
         self._patch(dataloader.DataLoader, "__iter__", make_iter)
 
+    # The hooks below handle their common case inline (host timing only, no step decision to make): the same
+    # as ``begin``/``end`` without the calls, which cost the training loop more than the work itself.
+
     def _patch_backward(self) -> None:
+        bounds = self.bounds
+
         def make(orig: Callable) -> Callable:
             def backward(*args: Any, **kwargs: Any) -> Any:
-                self.begin("backward")
+                fast = self.fast
+                if fast is not None and (bounds.depth or not bounds.pending):
+                    bounds.depth += 1
+                    fast((BEGIN, perf_counter(), "backward", None))
+                else:
+                    self.begin("backward")
                 try:
                     return orig(*args, **kwargs)
                 finally:
-                    self.end("backward")
+                    fast = self.fast
+                    depth = bounds.depth
+                    if fast is not None and (depth > 1 or (depth == 1 and bounds.optimizers_seen)):
+                        bounds.depth = depth - 1  # nested, or a backward that cannot end a step
+                        fast((END, perf_counter(), "backward", None))
+                    else:
+                        self.end("backward")
 
             return backward
 
@@ -251,16 +280,34 @@ class Instrumentation:
         from torch.optim import optimizer as optim_mod
 
         known = self._optimizer_ids
+        bounds = self.bounds
 
         def pre_hook(opt: Any, args: Any, kwargs: Any) -> None:
             key = id(opt)
             if key not in known:
                 self._note_optimizer(opt)
-            self.begin("optimizer", key=key)
+            fast = self.fast
+            if fast is not None and (bounds.depth or not bounds.pending):
+                bounds.depth += 1
+                fast((BEGIN, perf_counter(), "optimizer", None))
+            else:
+                self.begin("optimizer", key=key)
 
         def post_hook(opt: Any, args: Any, kwargs: Any) -> None:
             key = id(opt)
-            self.end("optimizer", ("optimizer", key), key)
+            fast = self.fast
+            # the loop's one optimizer, at top level: its step ends the training step (Boundaries.end's fast case)
+            if fast is not None and key == bounds.single and bounds.depth == 1 and not bounds.explicit:
+                try:
+                    bounds.depth = 0
+                    fast((END_BOUNDARY, perf_counter(), ("optimizer", key), None))
+                    if self._discovering:
+                        self.finish_discovery()
+                    self._boundary()
+                except Exception as exc:  # noqa: BLE001 - never into training
+                    self._on_error("hooks", exc)
+            else:
+                self.end("optimizer", ("optimizer", key), key)
 
         pre = optim_mod.register_optimizer_step_pre_hook(pre_hook)
         post = optim_mod.register_optimizer_step_post_hook(post_hook)
@@ -456,6 +503,7 @@ class Instrumentation:
         compiling = _compiling()
         grad_enabled = torch.is_grad_enabled
         inst = self
+        bounds = self.bounds
 
         def make(orig: Callable) -> Callable:
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -469,13 +517,24 @@ class Instrumentation:
                 else:  # another instance of the model's class: a copy (EMA) or a sibling
                     ref = roots.get(key)
                     kind = NOGRAD if ref is not None and ref() is mod else COPY
-                inst.begin("forward", ("forward", key, kind), kind)
+                fast = inst.fast
+                if fast is not None and (bounds.depth or not bounds.pending):
+                    bounds.depth += 1
+                    fast((BEGIN, perf_counter(), ("forward", key, kind), None))
+                else:
+                    inst.begin("forward", ("forward", key, kind), kind)
                 inst._in_root += 1
                 try:
                     return orig(mod, *args, **kwargs)
                 finally:
                     inst._in_root -= 1
-                    inst.end("forward")
+                    fast = inst.fast
+                    depth = bounds.depth
+                    if fast is not None and depth:  # a forward ends no step while a phase is open
+                        bounds.depth = depth - 1
+                        fast((END, perf_counter(), "forward", None))
+                    else:
+                        inst.end("forward")
 
             return __call__
 

@@ -43,7 +43,7 @@ STALL_S = 20.0
 class Agent:
     """One per training process."""
 
-    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = 0.1, sample_interval: float | None = 1.0) -> None:
+    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = 0.2, sample_interval: float | None = 1.0) -> None:
         self.run_dir = run_dir
         self.meta = meta
         self.tick = tick

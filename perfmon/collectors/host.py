@@ -29,12 +29,23 @@ class HostSampler:
         self._children: dict[int, psutil.Process] = {}
         self._io_last: tuple[float, int] | None = None
         self._waits: dict[int, tuple[float, int]] = {}  # worker pid -> (when, its run-queue wait so far, ns)
+        self._samples = 0
+        self._others: set[int] = set()  # descendants the last full scan found
         self.cpu_count = psutil.cpu_count() or 1
         _safe(lambda: self.proc.cpu_percent(None))
         _safe(lambda: psutil.cpu_percent(None))
 
     def _workers(self) -> list[psutil.Process]:
-        pids = _child_pids(self.proc.pid)
+        # every thread's children (and theirs) every FULL_SCAN_EVERY samples; in between only the main thread's
+        # children, which is where DataLoader workers are forked: one small read a sample instead of one a thread
+        self._samples += 1
+        if self._samples % FULL_SCAN_EVERY == 1 or FULL_SCAN_EVERY == 1:
+            pids = _child_pids(self.proc.pid)
+            main = _children_of_thread(self.proc.pid, self.proc.pid) or []
+            self._others = set() if pids is None else set(pids) - set(main)  # not read at every sample
+        else:
+            main = _children_of_thread(self.proc.pid, self.proc.pid)
+            pids = None if main is None else sorted(set(main) | {p for p in self._others if _exists(p)})
         if pids is None:  # no /proc/PID/task/TID/children here: psutil scans every process instead
             pids = [c.pid for c in _safe(lambda: self.proc.children(recursive=True)) or []]
         alive = {}
@@ -107,6 +118,28 @@ class HostSampler:
         return max(0.0, (io.read_bytes - last[1]) / (now - last[0]))
 
 
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+
+
+#: Samples between scans of every thread's children (the main thread's are read at every sample).
+FULL_SCAN_EVERY = 10
+
+
+def _children_of_thread(pid: int, tid: int) -> list[int] | None:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return None
+
+
 def _child_pids(pid: int) -> list[int] | None:
     """Every descendant of ``pid`` from Linux's per-thread ``children`` lists: a few small reads, where psutil's
     ``children()`` reads the status of every process on the host. None where the kernel has no such file."""
@@ -125,11 +158,8 @@ def _child_pids(pid: int) -> list[int] | None:
         except OSError:
             continue  # exited meanwhile
         for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    kids = [int(x) for x in f.read().split()]
-            except (OSError, ValueError):
-                continue
-            out.extend(kids)
-            stack.extend(kids)
+            kids = _children_of_thread(parent, int(tid))
+            if kids:
+                out.extend(kids)
+                stack.extend(kids)
     return out
