@@ -46,13 +46,21 @@ _DISCOVERY_CALL_LIMIT = 20_000
 
 def batch_size(batch: Any) -> int | None:
     """Leading dimension of the first tensor found in a batch (tensor, sequence or mapping)."""
+    tensor = torch.Tensor
     for _ in range(4):  # nested containers, a few levels deep at most
-        if isinstance(batch, torch.Tensor):
-            return int(batch.shape[0]) if batch.dim() else None
-        if isinstance(batch, list | tuple) and batch:
+        kind = type(batch)
+        # exact types first: every fetch passes here, and isinstance(x, torch.Tensor) of a non-tensor is slow
+        if kind is tuple or kind is list or (kind is not dict and isinstance(batch, list | tuple)):
+            if not batch:
+                return None
             batch = batch[0]
-        elif isinstance(batch, dict) and batch:
+        elif kind is dict or isinstance(batch, dict):
+            if not batch:
+                return None
             batch = next(iter(batch.values()))
+        elif isinstance(batch, tensor):
+            shape = batch.shape
+            return shape[0] if shape else None  # torch.Size holds ints
         else:
             return None
     return None
