@@ -1,6 +1,6 @@
 """CPU that perfmon costs inside the training process, all its threads together, per step.
 
-    python benchmarks/agent_cpu.py [--runs 5] [--steps 20000] [--job tiny|mlp]
+    python benchmarks/agent_cpu.py [--runs 5] [--steps 20000] [--job tiny|mlp] [--threads N] [--burners N]
 
 The training script is this file with ``--train``: ``tiny`` is a linear model with SGD and no DataLoader
 (~90 us per step: the highest step rate, where a per-step cost shows most); ``mlp`` is a DataLoader + AdamW
@@ -12,6 +12,10 @@ perfmon (``perfmon --headless``, the monitor in its own process, which is not co
 Printed: per-step process CPU with and without (medians), the difference in us per step (goal: <= 10 us at
 any step rate), how that splits between the training thread (hooks) and the agent's threads, and the
 in-loop wall-time ratio (goal on the ``mlp`` job: <= 1.01).
+
+``--burners N`` keeps N busy processes running beside every run (a host shared with other work), and
+``--threads N`` gives the job N torch intra-op threads: with ``--threads 2 --burners 1`` on two cores, torch's
+threads wait for each other while perfmon's own threads and its monitor process compete for the free core.
 """
 
 from __future__ import annotations
@@ -28,11 +32,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def make_step(job: str):
+def make_step(job: str, threads: int = 1):
     import torch
     from torch import nn
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     if job == "tiny":
         model = nn.Linear(8, 1)
@@ -70,7 +74,7 @@ def make_step(job: str):
 
 
 def train(args: argparse.Namespace) -> None:
-    step = make_step(args.job)
+    step = make_step(args.job, args.threads)
     for _ in range(args.warmup):
         step()
     cpu0, th0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
@@ -92,7 +96,7 @@ def perfmon_cmd() -> list[str]:
 def one_run(with_perfmon: bool, args: argparse.Namespace, tmp: Path, i: int) -> dict:
     out = tmp / f"{'with' if with_perfmon else 'without'}-{i}.json"
     script = [str(HERE), "--train", "--out", str(out), "--job", args.job, "--steps", str(args.steps),
-              "--warmup", str(args.warmup)]
+              "--warmup", str(args.warmup), "--threads", str(args.threads)]
     cmd = [*perfmon_cmd(), "--headless", "--run-dir", str(tmp / f"run-{i}"), *script] if with_perfmon \
         else [sys.executable, *script]
     res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
@@ -112,11 +116,25 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5, help="runs with and runs without perfmon")
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--warmup", type=int, default=500)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the job")
+    p.add_argument("--burners", type=int, default=0,
+                   help="busy processes running throughout (a host shared with other work)")
     args = p.parse_args()
     if args.train:
         train(args)
         return
     results: dict[bool, list[dict]] = {False: [], True: []}
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)]
+    try:
+        run_all(args, results)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    report(args, results)
+
+
+def run_all(args: argparse.Namespace, results: dict[bool, list[dict]]) -> None:
     with tempfile.TemporaryDirectory(prefix="perfmon-agent-cpu-") as tmp:
         for i in range(args.runs):
             for with_perfmon in ((False, True) if i % 2 == 0 else (True, False)):
@@ -125,6 +143,8 @@ def main() -> None:
                 print(f"run {i} {'with   ' if with_perfmon else 'without'}: process {r['process_us']:.2f} us/step, "
                       f"training thread {r['thread_us']:.2f}, wall {r['wall_us']:.2f}", flush=True)
 
+
+def report(args: argparse.Namespace, results: dict[bool, list[dict]]) -> None:
     def med(on: bool, key: str) -> float:
         return statistics.median(r[key] for r in results[on])
 
@@ -132,7 +152,8 @@ def main() -> None:
     d_thread = med(True, "thread_us") - med(False, "thread_us")
     # the job's own threads besides training are perfmon's: process minus training thread, with perfmon
     others = statistics.median(r["process_us"] - r["thread_us"] for r in results[True])
-    print(f"job {args.job}, {args.runs} runs each of {args.steps} steps")
+    print(f"job {args.job}, {args.runs} runs each of {args.steps} steps, {args.threads} torch thread(s), "
+          f"{args.burners} busy process(es) beside it")
     print(f"process CPU: {med(False, 'process_us'):.2f} us/step without, {med(True, 'process_us'):.2f} with: "
           f"perfmon costs {d_proc:+.2f} us/step (goal <= 10)")
     print(f"  training thread (hooks) {d_thread:+.2f} us/step; agent threads {others:.2f} us/step")

@@ -41,10 +41,31 @@ def value(fam: Any, suffix: str = "", **labels: str) -> float:
     raise AssertionError(f"no sample {fam.name}{suffix} {labels}")
 
 
+#: A DataLoader + SGD loop that runs until its stop file appears (batch 64), so the test scrapes it while it runs
+#: however slow the machine is.
+UNTIL_STOPPED = """
+import os, sys, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+x = torch.randn(64 * 8, 16)
+loader = DataLoader(TensorDataset(x, x[:, :1].clone()), batch_size=64)
+model = nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+while not os.path.exists(sys.argv[1]):
+    for xb, yb in loader:
+        loss = nn.functional.mse_loss(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
 @pytest.mark.e2e
 def test_scraped_during_a_real_run(tmp_path: Path, env: dict[str, str]) -> None:  # noqa: F811
+    script, stop = tmp_path / "until_stopped.py", tmp_path / "stop"
+    script.write_text(UNTIL_STOPPED)
     proc = subprocess.Popen([*PERFMON, "--headless", "--prometheus", "0", "--run-dir", str(tmp_path / "run"),
-                             str(REPO / "demos" / "train_mlp.py"), "--steps", "60", "--hidden", "256"], cwd=tmp_path, env=env,
+                             str(script), str(stop)], cwd=tmp_path, env=env,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
@@ -52,26 +73,29 @@ def test_scraped_during_a_real_run(tmp_path: Path, env: dict[str, str]) -> None:
     try:
         url = wait_for(lambda: next((w for line in lines for w in line.split() if w.startswith("http://")), None),
                        "the metrics URL on stderr")
-        def twenty_steps() -> dict[str, Any] | None:
+
+        def steps_and_a_sample() -> dict[str, Any] | None:
             fams = scrape(url)
             done = [s for s in fams["perfmon_steps"].samples if s.value >= 20]  # none before the first steps
-            return fams if done else None
+            sampled = fams.get("perfmon_process_resident_memory_bytes")
+            return fams if done and sampled is not None and sampled.samples else None
 
-        fams = wait_for(twenty_steps, "20 steps in the scraped metrics")
+        fams = wait_for(steps_and_a_sample, "20 steps and a telemetry sample in the scraped metrics")
         assert fams["perfmon_step_seconds"].type == "histogram"
         assert fams["perfmon_steps"].type == fams["perfmon_phase_seconds"].type == "counter"
         steps = value(fams["perfmon_steps"], "_total")
-        assert value(fams["perfmon_running"]) == 1.0
+        assert value(fams["perfmon_running"]) == 1.0  # the job runs until the test stops it
         assert 0 < value(fams["perfmon_step_seconds"], "_count") <= steps
         buckets = [s.value for s in fams["perfmon_step_seconds"].samples if s.name.endswith("_bucket")]
         assert buckets == sorted(buckets) and buckets[-1] == value(fams["perfmon_step_seconds"], "_count")
         phases = {s.labels["phase"]: s.value for s in fams["perfmon_phase_seconds"].samples}
         assert set(phases) == {"data", "forward", "backward", "optimizer", "other"} and phases["backward"] > 0
-        assert value(fams["perfmon_samples"], "_total") == steps * 64  # the demo's batch size
+        assert value(fams["perfmon_samples"], "_total") == steps * 64  # the script's batch size
         assert value(fams["perfmon_process_resident_memory_bytes"]) > 10 * 2**20
         om = scrape(url, openmetrics=True)  # the same numbers in OpenMetrics, as Prometheus asks for them
         assert om["perfmon_steps"].type == "counter" and value(om["perfmon_steps"], "_total") >= steps
     finally:
+        stop.touch()
         proc.wait(timeout=300)
     assert proc.returncode == 0
 
@@ -112,6 +136,24 @@ def test_a_single_run_has_no_rank_labels(tmp_path: Path) -> None:
         assert value(fams["perfmon_step_seconds"], "_sum") == pytest.approx(state.totals["step"].total_ms / 1000)
         ids = {s.labels["id"] for s in fams["perfmon_finding"].samples}
         assert "input-bound" in ids  # the fixture's data loading slows in its second half
+    finally:
+        endpoint.close()
+
+
+def test_a_fast_jobs_weighted_rows_still_make_whole_monotonic_buckets(tmp_path: Path) -> None:
+    """Live rows of a fast job stand for the rows sent in bulk (fractional weights): the exported buckets are
+    whole counts that never fall and end at the exact step count, as OpenMetrics requires."""
+    state = load_recording(write_recording(tmp_path / "run"))
+    hist = state.totals["step"].hist
+    hist.add_many([0.3, 0.7, 1.1, 2.9, 0.05] * 7, weight=13.37, extra=420)  # 35 rows standing for 35 + 420
+    endpoint = Endpoint("127.0.0.1:0")
+    try:
+        endpoint.watch(threading.Lock(), lambda: state)
+        om = scrape(endpoint.url, openmetrics=True)  # the OpenMetrics parser refuses fractional buckets
+        fam = om["perfmon_step_seconds"]
+        buckets = [s.value for s in fam.samples if s.name.endswith("_bucket")]
+        assert all(b == int(b) for b in buckets) and buckets == sorted(buckets)
+        assert buckets[-1] == value(fam, "_count") == hist.n
     finally:
         endpoint.close()
 

@@ -52,7 +52,11 @@ class RankSnapshot:
 def _snapshot(labels: dict[str, str], state: RunState, findings: list[Finding]) -> RankSnapshot:
     totals = state.totals
     hist = totals["step"].hist
-    buckets = hist.cumulative([b * 1000.0 for b in BUCKETS])  # the histogram holds milliseconds
+    # the histogram holds milliseconds. A fast job's live rows are weighted (each stands for rows summarised in
+    # bulk): the buckets are scaled to the exact step count and rounded, as OpenMetrics wants whole counts
+    count = hist.n
+    scale = count / hist.weight if hist.weight > 0 else 0.0
+    buckets = [min(round(b * scale), count) for b in hist.cumulative([b * 1000.0 for b in BUCKETS])]
     host = state.host
     cm = state.cuda_mem
     gpus = [(str(g.index if g.index is not None else i), {
@@ -60,7 +64,7 @@ def _snapshot(labels: dict[str, str], state: RunState, findings: list[Finding]) 
         "total": g.total_bytes, "power": g.power_w}) for i, g in enumerate(state.gpus)]
     return RankSnapshot(
         labels=labels, running=state.exit is None, steps=state.steps, samples=state.samples_total,
-        step_buckets=buckets, step_count=hist.weight, step_sum_s=totals["step"].total_ms / 1000.0,
+        step_buckets=buckets, step_count=count, step_sum_s=totals["step"].total_ms / 1000.0,
         phase_s={p: totals[p].total_ms / 1000.0 for p in ALL_PHASES},
         steps_per_s=state.steps_per_s(), samples_per_s=state.samples_per_s(), gpus=gpus,
         allocator={"reserved": cm.reserved_bytes if cm else None, "allocated": cm.allocated_bytes if cm else None,
