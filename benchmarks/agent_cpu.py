@@ -124,7 +124,10 @@ def main() -> None:
         train(args)
         return
     results: dict[bool, list[dict]] = {False: [], True: []}
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)]
+    # in their own session, as other work on a host is: Linux's autogroup shares CPU between sessions first, and
+    # perfmon runs the job in a session of its own (so that it outlives the monitor)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+               for _ in range(args.burners)]
     try:
         run_all(args, results)
     finally:

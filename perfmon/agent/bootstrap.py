@@ -96,7 +96,8 @@ def install_hooks(agent: Agent) -> None:
         from perfmon.agent.hooks import Instrumentation
 
         agent.commands = Commands(agent, _profile_config())
-        inst = Instrumentation(agent.emit, agent.record_error, agent.boundary)
+        # the commands' own boundary check, called straight from the hooks at every step end (not via the agent)
+        inst = Instrumentation(agent.emit, agent.record_error, agent.commands.boundary)
         inst.install()
         agent.instrumentation = inst
         torch = sys.modules["torch"]

@@ -107,6 +107,8 @@ class Commands:
                 and (memory is None or not memory.recording)
                 and (self._next_every is None and self._next_time is None or not self._periodic_due())):
             return  # nothing to do (every step passes here: no call in the common case)
+        if not self.agent.enabled:
+            return  # finished, or a forked DataLoader worker that inherited the hooks
         try:
             self._boundary_work()
         except Exception as exc:  # noqa: BLE001 - a command must never break training

@@ -378,19 +378,23 @@ class Agent:
         fields = list(protocol.STEP_FIELDS) + (["closures"] if with_closures else []) + (
             ["dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"] if with_dev else [])
         vals = []
+        append = vals.append
         for rec, _ in records:
             ph = rec.phases
             dur = rec.end - rec.start
             d, f, b, o = ph["data"], ph["forward"], ph["backward"], ph["optimizer"]
             other = dur - d - f - b - o
-            vals.append((rec.index, rec.end + off, dur * 1e3, d * 1e3, f * 1e3, b * 1e3, o * 1e3,
-                         other * 1e3 if other > 0.0 else 0.0, rec.samples or 0))
+            append((rec.index, rec.end + off, dur * 1e3, d * 1e3, f * 1e3, b * 1e3, o * 1e3,
+                    other * 1e3 if other > 0.0 else 0.0, rec.samples or 0))
         row = _ROW + (",%d" if with_closures else "") + ("%s" if with_dev else "") + "]"
-        extras = [(rec.closures,) if with_closures else () for rec, _ in records]
-        if with_dev:
-            extras = [e + (_dev_text(dev),) for e, (_, dev) in zip(extras, records, strict=True)]
-        texts = [row % (v + e) for v, e in zip(vals, extras, strict=True)] if (with_dev or with_closures) else \
-            [row % v for v in vals]
+        extras: list[tuple] = []
+        if with_dev or with_closures:
+            extras = [(rec.closures,) if with_closures else () for rec, _ in records]
+            if with_dev:
+                extras = [e + (_dev_text(dev),) for e, (_, dev) in zip(extras, records, strict=True)]
+            texts = [row % (v + e) for v, e in zip(vals, extras, strict=True)]
+        else:
+            texts = list(map(row.__mod__, vals))  # the common case: one C-level pass
         head = f'{{"v":{protocol.VERSION},"type":"steps","fields":{json.dumps(fields, separators=(",", ":"))}'
         tail = (',"outside":' + json.dumps(outside, separators=(",", ":")) if outside else "") + "}"
         body = head + ',"rows":[' + ",".join(texts) + "]" + tail
