@@ -29,6 +29,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python benchmarks/agent_cpu.py --job tiny
+	$(BIN)/python benchmarks/hook_floor.py --job mlp
 	$(BIN)/python benchmarks/overhead.py
 
 clean:
