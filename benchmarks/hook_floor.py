@@ -12,8 +12,8 @@ running it (ABC, then CBA, so drifts hit all three):
   size, no compile check;
 * ``perfmon``: perfmon's own hooks (``hooks.Instrumentation``) appending to a deque; no agent threads.
 
-Printed: the training thread's CPU per step for each (median and minimum over the blocks) and the difference from
-``none``. What ``floor`` costs is what any design built on Python hooks pays on this loop; what ``perfmon`` costs
+Printed: the training thread's CPU per step for each (median and minimum over the blocks), the difference from
+``none``, and the median difference from the ``none`` block of the same rotation (the steadiest figure). What ``floor`` costs is what any design built on Python hooks pays on this loop; what ``perfmon`` costs
 beyond it is perfmon's own logic. Both are larger in a real loop than in a micro-benchmark: torch's work between
 the hooks leaves their code and data cache-cold.
 """
@@ -121,11 +121,14 @@ def main() -> None:
                 step()
             results[name].append((time.thread_time() - t0) / args.block_steps * 1e6)
             off()
-    base_med, base_min = statistics.median(results["none"]), min(results["none"])
+    base = results["none"]
     print(f"job {args.job}: {args.blocks} blocks of {args.block_steps} steps each way, training thread CPU per step")
     for name, vals in results.items():
         med, low = statistics.median(vals), min(vals)
-        print(f"  {name:8s} median {med:9.2f} us ({med - base_med:+6.2f})   min {low:9.2f} us ({low - base_min:+6.2f})")
+        # each block against the plain block next to it in the same rotation: drifts of the machine cancel
+        paired = statistics.median(v - b for v, b in zip(vals, base, strict=True))
+        print(f"  {name:8s} median {med:9.2f} us ({med - statistics.median(base):+6.2f})   min {low:9.2f} us "
+              f"({low - min(base):+6.2f})   paired median {paired:+6.2f}")
 
 
 if __name__ == "__main__":
