@@ -32,7 +32,7 @@ EVENT_BUFFER = 500_000
 #: Rows per ``steps`` message: keeps every line far below protocol.MAX_LINE.
 STEPS_PER_MESSAGE = 2000
 #: Most step rows one flush (a tick) sends to the monitors; the recording always has every row. Beyond
-#: this (over ~1,000 steps/s) the rows before the newest LIVE_ROWS reach monitors as one ``bulk`` summary
+#: this (over ~500 steps/s at the 0.2 s tick) the rows before the newest LIVE_ROWS reach monitors as one ``bulk`` summary
 #: (count, sums, max), so a monitor's cost stays flat however fast the job steps.
 LIVE_ROWS = 100
 #: At exit, the publisher may take as long as its backlog needs; it is abandoned only after this many
