@@ -227,6 +227,7 @@ class FakeAgent:
         self.tracker = SimpleNamespace(count=7)
         self.errors: list[tuple[str, BaseException]] = []
         self.instrumentation = object()
+        self.enabled = True  # the agent runs (not finished, not a forked worker)
 
     def record_error(self, where: str, exc: BaseException) -> None:
         self.errors.append((where, exc))
@@ -276,6 +277,19 @@ def test_commands_record_for_n_step_boundaries_after_the_request(commands):
     assert len(fake.calls) == 3 and agent.errors == []
     again = send(cmds, {"id": 4})  # a new press after the last one finished: a new recording
     assert again[0]["ok"] is True and again[0]["done"] is False
+
+
+def test_commands_do_nothing_at_boundaries_while_the_agent_is_off(commands):
+    """The hooks call the commands straight at each step end; a finished agent, or a DataLoader worker forked with
+    the hooks in place, must not start what a monitor asked for."""
+    cmds, fake, agent = commands
+    send(cmds, {"id": 1, "steps": 1})
+    agent.enabled = False
+    cmds.boundary()
+    assert fake.history is None and fake.calls == []  # still queued, untouched
+    agent.enabled = True
+    cmds.boundary()
+    assert fake.history == "all"
 
 
 def test_commands_finish_turns_off_history_perfmon_started(commands):
