@@ -285,7 +285,7 @@ class Agent:
     def boundary(self) -> None:
         """A step boundary on the training thread: run pending commands and profiler windows."""
         commands = self.commands
-        if commands is not None and self.enabled:
+        if commands is not None:  # it checks that the agent is on before doing anything
             commands.boundary()
 
     def _report_recording_error(self) -> None:

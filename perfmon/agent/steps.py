@@ -262,26 +262,23 @@ class StepTracker:
         count = first = self.count
         start = self._part.start  # type: ignore[union-attr]
         trained = self._trained
-        t7 = start
         while i + 6 <= n:
             c0, t0, a0, m0 = events[i]
             if c0 != BEGIN or m0 is not None:
                 break
+            j = i  # where the training work's six events begin: after the fetch, in a DataLoader loop
+            data, samples = 0.0, 0
             if a0 == "data":
                 if i + 8 > n:
                     break
-                (c1, t1, a1, m1), (c2, t2, a2, m2), (c3, t3, _, m3), (c4, t4, a4, m4), (c5, t5, _, m5), \
-                    (c6, t6, a6, m6), (c7, t7_, _, m7) = events[i + 1 : i + 8]
-                data = t1 - t0
-                samples = a1[1] if type(a1) is tuple and a1[1] else 0
+                c1, t1, a1, m1 = events[i + 1]
                 if c1 != END or m1 is not None:
                     break
-                step_len = 8
-            else:
-                (c2, t2, a2, m2), (c3, t3, _, m3), (c4, t4, a4, m4), (c5, t5, _, m5), (c6, t6, a6, m6), \
-                    (c7, t7_, _, m7) = events[i : i + 6]
-                data, samples = 0.0, 0
-                step_len = 6
+                data = t1 - t0
+                samples = a1[1] if type(a1) is tuple and a1[1] else 0
+                j = i + 2
+            (c2, t2, a2, m2), (c3, t3, _, m3), (c4, t4, a4, m4), (c5, t5, _, m5), (c6, t6, a6, m6), \
+                (c7, t7, _, m7) = events[j : j + 6]
             if not (c2 == BEGIN and type(a2) is tuple and a2[0] == "forward" and a2[2] == GRAD and c3 == END
                     and c4 == BEGIN and a4 == "backward" and c5 == END and c6 == BEGIN and a6 == "optimizer"
                     and c7 == END_BOUNDARY and m2 is None and m3 is None and m4 is None and m5 is None
@@ -289,17 +286,16 @@ class StepTracker:
                 break
             if a2[1] is not None:
                 trained.add(a2[1])
-            t7 = t7_
             count += 1
             out.append(StepRecord(count, start, t7, {"data": data, "forward": t3 - t2, "backward": t5 - t4,
                                                      "optimizer": t7 - t6}, samples or None, NO_MARKS, 0))
             start = t7
-            i += step_len
+            i = j + 6
         if count != first:
             self.count = count
             self.fast_steps += count - first
-            self._part = _Part(t7, None)
-            self._since = self._last_t = t7
+            self._part = _Part(start, None)
+            self._since = self._last_t = start
         return i
 
     fast_steps = 0  # steps the fast path made (benchmarks and tests read it)

@@ -38,14 +38,16 @@ class HostSampler:
     def _workers(self) -> list[psutil.Process]:
         # every thread's children (and theirs) every FULL_SCAN_EVERY samples; in between only the main thread's
         # children, which is where DataLoader workers are forked: one small read a sample instead of one a thread
+        full = self._samples % FULL_SCAN_EVERY == 0
         self._samples += 1
-        if self._samples % FULL_SCAN_EVERY == 1 or FULL_SCAN_EVERY == 1:
-            pids = _child_pids(self.proc.pid)
-            main = _children_of_thread(self.proc.pid, self.proc.pid) or []
-            self._others = set() if pids is None else set(pids) - set(main)  # not read at every sample
-        else:
-            main = _children_of_thread(self.proc.pid, self.proc.pid)
-            pids = None if main is None else sorted(set(main) | {p for p in self._others if _exists(p)})
+        main = _children_of_thread(self.proc.pid, self.proc.pid)
+        pids: list[int] | None = None
+        if main is not None:
+            if full:
+                pids = _descendants(self.proc.pid, main)
+                self._others = set(pids) - set(main)  # not read at every sample
+            else:
+                pids = sorted(set(main) | {p for p in self._others if _exists(p)})
         if pids is None:  # no /proc/PID/task/TID/children here: psutil scans every process instead
             pids = [c.pid for c in _safe(lambda: self.proc.children(recursive=True)) or []]
         alive = {}
@@ -140,26 +142,27 @@ def _children_of_thread(pid: int, tid: int) -> list[int] | None:
         return None
 
 
-def _child_pids(pid: int) -> list[int] | None:
-    """Every descendant of ``pid`` from Linux's per-thread ``children`` lists: a few small reads, where psutil's
-    ``children()`` reads the status of every process on the host. None where the kernel has no such file."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-        if not os.path.exists(f"/proc/{pid}/task/{tasks[0]}/children"):
-            return None
-    except (OSError, IndexError):
-        return None
+def _descendants(pid: int, main: list[int]) -> list[int]:
+    """Every descendant of ``pid`` from Linux's per-thread ``children`` lists (``main``: its main thread's, read
+    already): a few small reads, where psutil's ``children()`` reads the status of every process on the host."""
     out: list[int] = []
-    stack = [pid]
+    stack: list[tuple[int, list[int] | None]] = [(pid, main)]  # a process, and its main thread's children if read
     while stack:
-        parent = stack.pop()
+        parent, read = stack.pop()
+        kids = list(read or [])
         try:
-            tasks = os.listdir(f"/proc/{parent}/task")
+            tids = [int(t) for t in os.listdir(f"/proc/{parent}/task")]
         except OSError:
-            continue  # exited meanwhile
-        for tid in tasks:
-            kids = _children_of_thread(parent, int(tid))
-            if kids:
-                out.extend(kids)
-                stack.extend(kids)
+            tids = []  # exited meanwhile
+        for tid in tids:
+            if tid != parent or read is None:
+                kids.extend(_children_of_thread(parent, tid) or [])
+        out.extend(kids)
+        stack.extend((k, None) for k in kids)
     return out
+
+
+def _child_pids(pid: int) -> list[int] | None:
+    """Every descendant of ``pid``; None where the kernel has no per-thread ``children`` files."""
+    main = _children_of_thread(pid, pid)
+    return None if main is None else _descendants(pid, main)
