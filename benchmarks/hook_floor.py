@@ -10,7 +10,10 @@ running it (ABC, then CBA, so drifts hit all three):
   model's ``__call__``, ``torch.autograd.backward``, the optimizer step pre/post hooks), each appending two
   ``(code, perf_counter(), phase, None)`` tuples to a deque and nothing else: no step boundaries, no batch
   size, no compile check;
-* ``perfmon``: perfmon's own hooks (``hooks.Instrumentation``) appending to a deque; no agent threads.
+* ``perfmon-py``: perfmon's own hooks (``hooks.Instrumentation``), all in Python, appending to a deque; no agent
+  threads;
+* ``perfmon-c``: the same with the C hot path (``perfmon/agent/_hot.c``: the fetch, backward and optimizer hooks
+  in C; the model's ``__call__`` stays a Python wrapper), where it was built.
 
 Printed: the training thread's CPU per step for each (median and minimum over the blocks), the difference from
 ``none``, and the median difference from the ``none`` block of the same rotation (the steadiest figure). What ``floor`` costs is what any design built on Python hooks pays on this loop; what ``perfmon`` costs
@@ -94,18 +97,21 @@ def main() -> None:
             h.remove()
         handles.clear()
 
-    inst = Instrumentation(lambda code, arg: append((code, perf_counter(), arg, None)), lambda where, exc: None)
+    def perfmon_way(accelerated: bool) -> tuple:
+        inst = Instrumentation(lambda code, arg: append((code, perf_counter(), arg, None)), lambda where, exc: None,
+                               accelerated=accelerated)
 
-    def perfmon_on() -> None:
-        inst.install()
-        inst.fast = append
-        for _ in range(3):  # the first step finds the model
-            step()
+        def on() -> None:
+            inst.install()
+            inst.fast = append
+            for _ in range(3):  # the first step finds the model
+                step()
 
-    def perfmon_off() -> None:
-        inst.uninstall()
+        return on, inst.uninstall
 
-    ways = {"none": (lambda: None, lambda: None), "floor": (floor_on, floor_off), "perfmon": (perfmon_on, perfmon_off)}
+    ways = {"none": (lambda: None, lambda: None), "floor": (floor_on, floor_off), "perfmon-py": perfmon_way(False)}
+    if Instrumentation(append, lambda where, exc: None)._hot is not None:
+        ways["perfmon-c"] = perfmon_way(True)  # the C hot path, where it was built
     results: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(200):
         step()
@@ -127,7 +133,7 @@ def main() -> None:
         med, low = statistics.median(vals), min(vals)
         # each block against the plain block next to it in the same rotation: drifts of the machine cancel
         paired = statistics.median(v - b for v, b in zip(vals, base, strict=True))
-        print(f"  {name:8s} median {med:9.2f} us ({med - statistics.median(base):+6.2f})   min {low:9.2f} us "
+        print(f"  {name:10s} median {med:9.2f} us ({med - statistics.median(base):+6.2f})   min {low:9.2f} us "
               f"({low - min(base):+6.2f})   paired median {paired:+6.2f}")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import os
 import weakref
 from collections.abc import Callable, Iterator
 from time import perf_counter
@@ -69,6 +70,17 @@ def loader_settings(loader: Any) -> dict[str, Any]:
     }
 
 
+def accelerator() -> Any:
+    """The C hot path (``perfmon.agent._hot``), or None: not built here, or ``PERFMON_NO_ACCEL=1``."""
+    if os.environ.get("PERFMON_NO_ACCEL"):
+        return None
+    try:
+        from perfmon.agent import _hot
+    except ImportError:
+        return None
+    return _hot
+
+
 def _compiling() -> Callable[[], bool]:
     """``torch.compiler.is_compiling`` where it exists (dynamo folds it to True while tracing)."""
     fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
@@ -79,8 +91,10 @@ class Instrumentation:
     """Installs and removes the patches; one instance per process."""
 
     def __init__(self, emit: Emit, on_error: Callable[[str, BaseException], None],
-                 boundary: Callable[[], None] = lambda: None) -> None:
+                 boundary: Callable[[], None] = lambda: None, accelerated: bool = True) -> None:
         self._emit = emit
+        #: the C twins of the fetch, backward and optimizer hooks (same events, no Python frame), where built
+        self._hot = accelerator() if accelerated else None
         self.fast: Callable[[tuple[int, float, Any, Any]], None] | None = None
         self._boundary = boundary
         self._on_error = on_error
@@ -208,13 +222,22 @@ class Instrumentation:
         from torch.utils.data import dataloader
 
         bounds = self.bounds
+        hot = self._hot
+        if hot is not None:
+            self._patch(dataloader._BaseDataLoaderIter, "__next__",
+                        lambda orig: hot.Timed(orig, self, bounds, "data", hot.DATA, perf_counter, torch.Tensor))
+            self._patch(dataloader.DataLoader, "__iter__", self._loader_iter)
+            return
 
         def make(orig: Callable) -> Callable:
             def __next__(it: Any) -> Any:
                 fast = self.fast
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1
-                    fast((BEGIN, perf_counter(), "data", None))
+                    try:
+                        fast((BEGIN, perf_counter(), "data", None))
+                    except Exception as exc:  # noqa: BLE001 - never into training
+                        self._on_error("hooks", exc)
                 else:
                     self.begin("data")
                 self._in_data += 1
@@ -232,35 +255,45 @@ class Instrumentation:
                     depth = bounds.depth
                     if fast is not None and depth:  # a fetch ends no step while a phase is open
                         bounds.depth = depth - 1
-                        fast((END, perf_counter(), ("data", n), None))
+                        try:
+                            fast((END, perf_counter(), ("data", n), None))
+                        except Exception as exc:  # noqa: BLE001 - never into training
+                            self._on_error("hooks", exc)
                     else:
                         self.end("data", ("data", n))
 
             return __next__
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", make)
+        self._patch(dataloader.DataLoader, "__iter__", self._loader_iter)
 
-        def make_iter(orig: Callable) -> Callable:
-            def __iter__(loader: Any) -> Any:
-                try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"
-                    self.loaders[id(loader)] = loader_settings(loader)
-                except Exception as exc:  # noqa: BLE001
-                    self._on_error("loader", exc)
-                return orig(loader)
+    def _loader_iter(self, orig: Callable) -> Callable:
+        def __iter__(loader: Any) -> Any:
+            try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"
+                self.loaders[id(loader)] = loader_settings(loader)
+            except Exception as exc:  # noqa: BLE001
+                self._on_error("loader", exc)
+            return orig(loader)
 
-            return __iter__
-
-        self._patch(dataloader.DataLoader, "__iter__", make_iter)
+        return __iter__
 
     def _patch_backward(self) -> None:
         bounds = self.bounds
+        hot = self._hot
+        if hot is not None:
+            self._patch(torch.autograd, "backward",
+                        lambda orig: hot.Timed(orig, self, bounds, "backward", hot.BACKWARD, perf_counter, torch.Tensor))
+            return
 
         def make(orig: Callable) -> Callable:
             def backward(*args: Any, **kwargs: Any) -> Any:
                 fast = self.fast
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1
-                    fast((BEGIN, perf_counter(), "backward", None))
+                    try:
+                        fast((BEGIN, perf_counter(), "backward", None))
+                    except Exception as exc:  # noqa: BLE001 - never into training
+                        self._on_error("hooks", exc)
                 else:
                     self.begin("backward")
                 try:
@@ -270,7 +303,10 @@ class Instrumentation:
                     depth = bounds.depth
                     if fast is not None and (depth > 1 or (depth == 1 and bounds.optimizers_seen)):
                         bounds.depth = depth - 1  # nested, or a backward that cannot end a step
-                        fast((END, perf_counter(), "backward", None))
+                        try:
+                            fast((END, perf_counter(), "backward", None))
+                        except Exception as exc:  # noqa: BLE001 - never into training
+                            self._on_error("hooks", exc)
                     else:
                         self.end("backward")
 
@@ -291,7 +327,10 @@ class Instrumentation:
             fast = self.fast
             if fast is not None and (bounds.depth or not bounds.pending):
                 bounds.depth += 1
-                fast((BEGIN, perf_counter(), "optimizer", None))
+                try:
+                    fast((BEGIN, perf_counter(), "optimizer", None))
+                except Exception as exc:  # noqa: BLE001 - never into training
+                    self._on_error("hooks", exc)
             else:
                 self.begin("optimizer", key=key)
 
@@ -311,6 +350,10 @@ class Instrumentation:
             else:
                 self.end("optimizer", ("optimizer", key), key)
 
+        hot = self._hot
+        if hot is not None:
+            pre_hook = hot.OptimizerHook(self, bounds, known, perf_counter, False)  # type: ignore[assignment]
+            post_hook = hot.OptimizerHook(self, bounds, known, perf_counter, True)  # type: ignore[assignment]
         pre = optim_mod.register_optimizer_step_pre_hook(pre_hook)
         post = optim_mod.register_optimizer_step_post_hook(post_hook)
         self._undo.append(pre.remove)
@@ -522,7 +565,10 @@ class Instrumentation:
                 fast = inst.fast
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1
-                    fast((BEGIN, perf_counter(), ("forward", key, kind), None))
+                    try:
+                        fast((BEGIN, perf_counter(), ("forward", key, kind), None))
+                    except Exception as exc:  # noqa: BLE001 - never into training
+                        inst._on_error("hooks", exc)
                 else:
                     inst.begin("forward", ("forward", key, kind), kind)
                 inst._in_root += 1
@@ -534,7 +580,10 @@ class Instrumentation:
                     depth = bounds.depth
                     if fast is not None and depth:  # a forward ends no step while a phase is open
                         bounds.depth = depth - 1
-                        fast((END, perf_counter(), "forward", None))
+                        try:
+                            fast((END, perf_counter(), "forward", None))
+                        except Exception as exc:  # noqa: BLE001 - never into training
+                            inst._on_error("hooks", exc)
                     else:
                         inst.end("forward")
 

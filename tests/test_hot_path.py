@@ -1,0 +1,325 @@
+"""The C hot path (perfmon/agent/_hot.c) against the pure-Python hooks: the same events on real loops.
+
+Each loop shape runs once under the Python hooks and once under the C ones, in this process, with the
+agent's fast path on (events appended straight to the buffer) and off (every event through ``emit``); the
+event streams, the boundaries the commands see and the errors must be identical.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from perfmon.agent import hooks as hooks_mod
+from perfmon.agent.hooks import Instrumentation
+
+HOT = hooks_mod.accelerator()
+needs_hot = pytest.mark.skipif(HOT is None, reason="the C hot path is not built here (no C compiler at install)")
+
+
+def test_the_c_hot_path_is_built_where_a_compiler_exists():
+    if HOT is None and shutil.which("cc") and Path(sysconfig.get_paths()["include"], "Python.h").exists() \
+            and not hooks_mod.os.environ.get("PERFMON_NO_ACCEL"):
+        pytest.fail("a C compiler and Python.h are here, yet perfmon.agent._hot did not build: "
+                    "reinstall with `pip install -e .` and read its build output")
+
+
+def test_perfmon_no_accel_turns_it_off(monkeypatch):
+    monkeypatch.setenv("PERFMON_NO_ACCEL", "1")
+    assert hooks_mod.accelerator() is None
+    assert Instrumentation(lambda c, a: None, lambda w, e: None)._hot is None
+
+
+# -- loop shapes, written as scripts write them -----------------------------------------------------------
+
+def _loader(n: int = 8, batch: Any = "tuple") -> DataLoader:
+    x, y = torch.randn(n * 2, 4), torch.randn(n * 2, 1)
+    if batch == "dict":
+        class Dicts(Dataset):
+            def __len__(self) -> int:
+                return n * 2
+
+            def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+                return {"x": x[i], "y": y[i]}
+
+        return DataLoader(Dicts(), batch_size=2)
+    return DataLoader(TensorDataset(x, y), batch_size=2)
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def plain() -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(2):
+        for xb, yb in _loader():
+            loss = nn.functional.mse_loss(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+
+def dict_batches_and_eval() -> None:
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for i, batch in enumerate(_loader(batch="dict")):
+        loss = model(batch["x"]).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i % 3 == 2:
+            with torch.no_grad():
+                for xb in _loader(3, batch="dict"):
+                    model(xb["x"])
+
+
+def gan() -> None:
+    g, d = _mlp(), nn.Sequential(nn.Linear(1, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt_g, opt_d = torch.optim.Adam(g.parameters()), torch.optim.Adam(d.parameters())
+    for xb, _ in _loader():
+        fake = g(xb)
+        loss_d = d(fake.detach()).mean() - d(torch.randn(2, 1)).mean()
+        opt_d.zero_grad()
+        loss_d.backward()
+        opt_d.step()
+        loss_g = -d(fake).mean()
+        opt_g.zero_grad()
+        loss_g.backward()
+        opt_g.step()
+
+
+def accumulation_and_checkpoint(tmp: Path) -> None:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i, (xb, yb) in enumerate(_loader(12)):
+        (nn.functional.mse_loss(model(xb), yb) / 3).backward()
+        if i % 3 == 2:
+            opt.step()
+            opt.zero_grad()
+        if i == 5:
+            torch.save(model.state_dict(), tmp / "ckpt.pt")
+
+
+def lbfgs() -> None:
+    model = _mlp()
+    opt = torch.optim.LBFGS(model.parameters(), max_iter=3)
+    x, y = torch.randn(4, 4), torch.randn(4, 1)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        opt.step(closure)
+
+
+def manual_updates_and_a_failing_backward() -> None:
+    model = _mlp()
+    for xb, yb in _loader():
+        loss = nn.functional.mse_loss(model(xb), yb)
+        loss.backward()
+        try:
+            loss.backward()  # the graph is freed: the script catches it, as some do
+        except RuntimeError:
+            pass
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * p.grad
+                p.grad = None
+
+
+def odd_batches() -> None:
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = [torch.randn(4), [torch.randn(3, 4)], {"a": [torch.randn(5, 4)]}, "text", [], torch.tensor(1.0)]
+
+    class Odd(Dataset):
+        def __len__(self) -> int:
+            return len(batches)
+
+        def __getitem__(self, i: int) -> Any:
+            return batches[i]
+
+    for _ in DataLoader(Odd(), batch_size=None):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+
+
+SHAPES: dict[str, Callable[..., None]] = {
+    "plain": plain, "dict_batches_and_eval": dict_batches_and_eval, "gan": gan,
+    "accumulation_and_checkpoint": accumulation_and_checkpoint, "lbfgs": lbfgs,
+    "manual_updates_and_a_failing_backward": manual_updates_and_a_failing_backward, "odd_batches": odd_batches,
+}
+
+
+def _normalised(events: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """Module and optimizer ids replaced by the order they were first seen in (each run builds new ones)."""
+    ids: dict[int, int] = {}
+
+    def norm(arg: Any) -> Any:
+        if isinstance(arg, tuple) and len(arg) >= 2 and arg[0] in ("forward", "optimizer") and isinstance(arg[1], int):
+            return (arg[0], ids.setdefault(arg[1], len(ids)), *arg[2:])
+        return arg
+
+    return [(code, norm(arg)) for code, arg in events]
+
+
+def run_shape(shape: str, accelerated: bool, fast: bool, tmp: Path) -> dict[str, Any]:
+    events: list[tuple[int, Any]] = []
+    times: list[float] = []
+    errors: list[tuple[str, BaseException]] = []
+    boundaries: list[int] = []
+
+    def emit(code: int, arg: Any = None) -> None:
+        events.append((code, arg))
+        times.append(perf_counter())
+
+    def append(event: tuple[int, float, Any, Any]) -> None:
+        code, t, arg, mark = event
+        assert mark is None
+        events.append((code, arg))
+        times.append(t)
+
+    inst = Instrumentation(emit, lambda where, exc: errors.append((where, exc)), lambda: boundaries.append(len(events)),
+                           accelerated=accelerated)
+    assert (inst._hot is not None) == accelerated
+    inst.install()
+    if fast:
+        inst.fast = append
+    torch.manual_seed(0)
+    try:
+        fn = SHAPES[shape]
+        fn(tmp) if shape == "accumulation_and_checkpoint" else fn()
+    finally:
+        inst.uninstall()
+    assert times == sorted(times), "event times go backwards"
+    return {"events": _normalised(events), "boundaries": boundaries, "errors": errors,
+            "optimizers": len(inst.optimizers)}
+
+
+@needs_hot
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "emit"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_c_hooks_record_exactly_what_python_hooks_record(shape, fast, tmp_path):
+    python = run_shape(shape, accelerated=False, fast=fast, tmp=tmp_path)
+    c = run_shape(shape, accelerated=True, fast=fast, tmp=tmp_path)
+    assert python["errors"] == [] and c["errors"] == []
+    assert c == python
+    assert len(python["events"]) > 10  # the loop was really seen
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
+def test_hooks_end_their_phase_and_reraise_when_the_call_fails(accelerated):
+    events: list[tuple[int, Any]] = []
+    inst = Instrumentation(lambda code, arg=None: events.append((code, arg)), lambda *a: None, accelerated=accelerated)
+    inst.install()
+    inst.fast = lambda ev: events.append((ev[0], ev[2]))
+    try:
+        assert (type(torch.autograd.backward).__name__ == "Timed") == accelerated
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            torch.tensor(1.0).backward()
+        assert [code for code, _ in events] == [0, 1]
+
+        class Broken(Dataset):
+            def __len__(self) -> int:
+                return 2
+
+            def __getitem__(self, i: int) -> Any:
+                raise KeyError(f"bad sample {i}")
+
+        events.clear()
+        with pytest.raises(KeyError, match="bad sample 0"):
+            next(iter(DataLoader(Broken())))
+        # (the failed backward ended a step: no optimizer exists, so a BOUNDARY comes first)
+        assert events[-2:] == [(0, "data"), (1, ("data", None))] and inst._in_data == 0 and inst.bounds.depth == 0
+    finally:
+        inst.uninstall()
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
+def test_hooks_never_raise_their_own_errors_into_training(accelerated):
+    errors: list[tuple[str, BaseException]] = []
+    inst = Instrumentation(lambda *a: None, lambda where, exc: errors.append((where, exc)), accelerated=accelerated)
+    inst.install()
+
+    def broken_buffer(event: Any) -> None:
+        raise MemoryError("buffer")
+
+    inst.fast = broken_buffer
+    try:
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for xb, yb in _loader(2):
+            nn.functional.mse_loss(model(xb), yb).backward()
+            opt.step()
+    finally:
+        inst.uninstall()
+    assert errors and all(where == "hooks" and isinstance(exc, MemoryError) for where, exc in errors)
+
+
+@needs_hot
+def test_patched_functions_keep_their_name_signature_and_docs():
+    import inspect
+
+    before = inspect.signature(torch.autograd.backward), torch.autograd.backward.__doc__
+    inst = Instrumentation(lambda *a: None, lambda *a: None)
+    inst.install()
+    try:
+        wrapped = torch.autograd.backward
+        assert type(wrapped).__name__ == "Timed"
+        assert (inspect.signature(wrapped), wrapped.__doc__) == before
+        assert wrapped.__name__ == "backward" and wrapped.__wrapped__ is wrapped.__perfmon_original__
+    finally:
+        inst.uninstall()
+    assert type(torch.autograd.backward).__name__ == "function"
+
+
+@needs_hot
+def test_a_compiled_optimizer_step_and_training_step_run_as_without_perfmon():
+    """torch.compile over code that calls the C hooks (backward, the optimizer's): same numbers, no error."""
+    script = r"""
+import sys, torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+opt = torch.optim.Adam(model.parameters(), lr=0.1)
+x, y = torch.randn(8, 4), torch.randn(8, 1)
+@torch.compile(backend="eager")
+def opt_step():
+    opt.step()
+@torch.compile(backend="eager")
+def train_step():
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss
+for _ in range(3):
+    loss = train_step()
+    opt_step()
+    opt.zero_grad()
+print(round(loss.item(), 6), [round(v, 6) for v in model.weight.flatten().tolist()])
+"""
+    plain = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    hooked = subprocess.run([sys.executable, "-c", "import sys\nfrom perfmon.agent.hooks import Instrumentation\n"
+                             "events = []\ninst = Instrumentation(lambda c, a=None: events.append(c), "
+                             "lambda w, e: print('ERROR', w, e, file=sys.stderr))\ninst.install()\n"
+                             "inst.fast = events.append\n" + script + "\nassert len(events) > 6, events\n"],
+                            capture_output=True, text=True, timeout=240)
+    assert plain.returncode == 0, plain.stderr
+    assert hooked.returncode == 0, hooked.stderr
+    assert "ERROR" not in hooked.stderr
+    assert hooked.stdout == plain.stdout
