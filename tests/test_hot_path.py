@@ -160,7 +160,27 @@ def odd_batches() -> None:
         opt.step()
 
 
+def distillation_and_ema() -> None:
+    import copy
+
+    teacher, student = _mlp().eval(), _mlp()
+    ema = copy.deepcopy(student)
+    opt = torch.optim.SGD(student.parameters(), lr=0.01)
+    for xb, _ in _loader():
+        with torch.no_grad():
+            target = teacher(xb)
+        loss = nn.functional.mse_loss(student(xb), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), student.parameters(), strict=True):
+                e.mul_(0.9).add_(p, alpha=0.1)
+            ema(xb)  # an evaluation of the copy
+
+
 SHAPES: dict[str, Callable[..., None]] = {
+    "distillation_and_ema": distillation_and_ema,
     "plain": plain, "dict_batches_and_eval": dict_batches_and_eval, "gan": gan,
     "accumulation_and_checkpoint": accumulation_and_checkpoint, "lbfgs": lbfgs,
     "manual_updates_and_a_failing_backward": manual_updates_and_a_failing_backward, "odd_batches": odd_batches,

@@ -24,7 +24,7 @@
 
 static PyObject *s_fast, *s_depth, *s_pending, *s_optimizers_seen, *s_in_data, *s_begin, *s_end, *s_on_error,
     *s_hooks, *s_single, *s_explicit, *s_discovering, *s_finish_discovery, *s_boundary, *s_note_optimizer,
-    *s_dim, *s_shape, *s_values, *s_data, *s_optimizer, *s_key;
+    *s_dim, *s_shape, *s_values, *s_data, *s_optimizer, *s_key, *s_forward, *s_in_root;
 static PyObject *kw_key;  /* ("key",) */
 static PyObject *code_begin, *code_end, *code_end_boundary;
 
@@ -452,6 +452,162 @@ static PyTypeObject OptimizerHookType = {
     .tp_vectorcall_offset = offsetof(OptimizerHook, vectorcall),
 };
 
+
+/* -- Forward: the body of a root model's __call__ wrapper ------------------------------------------------
+ * The wrapper itself stays a Python function (torch.compile inlines a module's __call__, which must be Python
+ * code); it checks torch.compiler.is_compiling() and hands the rest to this: forward(orig, mod, args, kwargs). */
+
+#define GRAD 0
+#define NOGRAD 1
+#define COPY 2
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *inst, *bounds, *roots, *clock, *grad_enabled;
+} Forward;
+
+static PyObject *call_orig(PyObject *orig, PyObject *mod, PyObject *args, PyObject *kwargs) {
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    PyObject *full = PyTuple_New(n + 1);
+    if (full == NULL) return NULL;
+    PyTuple_SET_ITEM(full, 0, Py_NewRef(mod));
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(full, i + 1, Py_NewRef(PyTuple_GET_ITEM(args, i)));
+    PyObject *r = PyObject_Call(orig, full, kwargs != Py_None ? kwargs : NULL);
+    Py_DECREF(full);
+    return r;
+}
+
+static PyObject *Forward_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Forward *self = (Forward *)op;
+    PyObject *inst = self->inst, *bounds = self->bounds;
+    if (PyVectorcall_NARGS(nargsf) != 4 || kwnames != NULL || !PyTuple_Check(args[2])
+        || (args[3] != Py_None && !PyDict_Check(args[3]))) {
+        PyErr_SetString(PyExc_TypeError, "forward(orig, module, args: tuple, kwargs: dict | None)");
+        return NULL;
+    }
+    PyObject *orig = args[0], *mod = args[1];
+    int err = 0;
+    long in_root = get_long(inst, s_in_root, &err);
+    long in_data = err ? 0 : get_long(inst, s_in_data, &err);
+    if (err) { report(inst); return call_orig(orig, mod, args[2], args[3]); }
+    if (in_root || in_data) return call_orig(orig, mod, args[2], args[3]);
+
+    /* begin */
+    PyObject *begin_arg = NULL, *kind_obj = NULL;
+    PyObject *key = PyLong_FromVoidPtr(mod);
+    PyObject *grad = key == NULL ? NULL : PyObject_CallNoArgs(self->grad_enabled);
+    int is_grad = grad == NULL ? -1 : PyObject_IsTrue(grad);
+    Py_XDECREF(grad);
+    long kind = GRAD;
+    if (is_grad == 0) {  /* another instance of the model's class: a copy (EMA) or a sibling */
+        PyObject *ref = PyDict_GetItemWithError(self->roots, key);
+        if (ref == NULL && PyErr_Occurred()) is_grad = -1;
+        kind = ref != NULL && PyWeakref_Check(ref) && PyWeakref_GetObject(ref) == mod ? NOGRAD : COPY;
+    }
+    if (is_grad >= 0 && (kind_obj = PyLong_FromLong(kind)) != NULL)
+        begin_arg = PyTuple_Pack(3, s_forward, key, kind_obj);
+    if (begin_arg == NULL) {  /* perfmon's own failure: the call goes on untimed */
+        report(inst);
+        Py_XDECREF(key); Py_XDECREF(kind_obj);
+        return call_orig(orig, mod, args[2], args[3]);
+    }
+    PyObject *fast = PyObject_GetAttr(inst, s_fast);
+    if (fast == NULL) { report(inst); fast = Py_NewRef(Py_None); }
+    int inline_begin = 0;
+    if (fast != Py_None) {
+        long depth = get_long(bounds, s_depth, &err);
+        int pending = err ? -1 : get_truth(bounds, s_pending);
+        if (err || pending < 0) report(inst);
+        else if (depth || !pending) {
+            inline_begin = 1;
+            if (set_long(bounds, s_depth, depth + 1) < 0
+                || append_event(fast, self->clock, code_begin, begin_arg) < 0) report(inst);
+        }
+    }
+    Py_DECREF(fast);
+    if (!inline_begin) call_slow(inst, s_begin, s_forward, begin_arg, kind_obj);
+    Py_DECREF(begin_arg); Py_DECREF(kind_obj); Py_DECREF(key);
+    err = 0;
+    in_root = get_long(inst, s_in_root, &err);
+    if (err || set_long(inst, s_in_root, in_root + 1) < 0) report(inst);
+
+    PyObject *result = call_orig(orig, mod, args[2], args[3]);
+
+    /* end, whatever the call did */
+    PyObject *exc_type, *exc_value, *exc_tb;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    err = 0;
+    in_root = get_long(inst, s_in_root, &err);
+    if (err || set_long(inst, s_in_root, in_root - 1) < 0) report(inst);
+    fast = PyObject_GetAttr(inst, s_fast);
+    if (fast == NULL) { report(inst); fast = Py_NewRef(Py_None); }
+    int inline_end = 0;
+    if (fast != Py_None) {
+        err = 0;
+        long depth = get_long(bounds, s_depth, &err);
+        if (err) report(inst);
+        else if (depth) {  /* a forward ends no step while a phase is open */
+            inline_end = 1;
+            if (set_long(bounds, s_depth, depth - 1) < 0
+                || append_event(fast, self->clock, code_end, s_forward) < 0) report(inst);
+        }
+    }
+    Py_DECREF(fast);
+    if (!inline_end) call_slow(inst, s_end, s_forward, NULL, NULL);
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    return result;
+}
+
+static PyObject *Forward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *inst, *bounds, *roots, *clock, *grad_enabled;
+    static char *names[] = {"inst", "bounds", "roots", "clock", "grad_enabled", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!OO", names, &inst, &bounds, &PyDict_Type, &roots, &clock,
+                                     &grad_enabled))
+        return NULL;
+    Forward *self = (Forward *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = Forward_vectorcall;
+    self->inst = Py_NewRef(inst);
+    self->bounds = Py_NewRef(bounds);
+    self->roots = Py_NewRef(roots);
+    self->clock = Py_NewRef(clock);
+    self->grad_enabled = Py_NewRef(grad_enabled);
+    return (PyObject *)self;
+}
+
+static int Forward_traverse(Forward *self, visitproc visit, void *arg) {
+    Py_VISIT(self->inst); Py_VISIT(self->bounds); Py_VISIT(self->roots); Py_VISIT(self->clock);
+    Py_VISIT(self->grad_enabled);
+    return 0;
+}
+
+static int Forward_clear(Forward *self) {
+    Py_CLEAR(self->inst); Py_CLEAR(self->bounds); Py_CLEAR(self->roots); Py_CLEAR(self->clock);
+    Py_CLEAR(self->grad_enabled);
+    return 0;
+}
+
+static void Forward_dealloc(Forward *self) {
+    PyObject_GC_UnTrack(self);
+    Forward_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject ForwardType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "perfmon.agent._hot.Forward",
+    .tp_doc = "forward(orig, module, args, kwargs): a root model's call timed as the forward phase.",
+    .tp_basicsize = sizeof(Forward),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_new = Forward_new,
+    .tp_traverse = (traverseproc)Forward_traverse,
+    .tp_clear = (inquiry)Forward_clear,
+    .tp_dealloc = (destructor)Forward_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Forward, vectorcall),
+};
+
 /* -- module --------------------------------------------------------------------------------------- */
 
 static struct PyModuleDef hot_module = {
@@ -469,15 +625,18 @@ PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_finish_discovery, "finish_discovery"); INTERN(s_boundary, "_boundary");
     INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_dim, "dim"); INTERN(s_shape, "shape");
     INTERN(s_values, "values"); INTERN(s_data, "data"); INTERN(s_optimizer, "optimizer"); INTERN(s_key, "key");
+    INTERN(s_forward, "forward"); INTERN(s_in_root, "_in_root");
     if ((kw_key = PyTuple_Pack(1, s_key)) == NULL) return NULL;
     if ((code_begin = PyLong_FromLong(BEGIN)) == NULL || (code_end = PyLong_FromLong(END)) == NULL
         || (code_end_boundary = PyLong_FromLong(END_BOUNDARY)) == NULL)
         return NULL;
-    if (PyType_Ready(&TimedType) < 0 || PyType_Ready(&OptimizerHookType) < 0) return NULL;
+    if (PyType_Ready(&TimedType) < 0 || PyType_Ready(&OptimizerHookType) < 0 || PyType_Ready(&ForwardType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&hot_module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Timed", (PyObject *)&TimedType) < 0
         || PyModule_AddObjectRef(m, "OptimizerHook", (PyObject *)&OptimizerHookType) < 0
+        || PyModule_AddObjectRef(m, "Forward", (PyObject *)&ForwardType) < 0
         || PyModule_AddIntConstant(m, "DATA", KIND_DATA) < 0
         || PyModule_AddIntConstant(m, "BACKWARD", KIND_BACKWARD) < 0) {
         Py_DECREF(m);

@@ -550,6 +550,21 @@ class Instrumentation:
         inst = self
         bounds = self.bounds
 
+        hot = self._hot
+        if hot is not None:  # the body in C; the wrapper stays Python code, which torch.compile inlines
+            forward = hot.Forward(self, bounds, roots, perf_counter, grad_enabled)
+
+            def make_hot(orig: Callable) -> Callable:
+                def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+                    if compiling():  # first, alone (see discovery)
+                        return orig(mod, *args, **kwargs)
+                    return forward(orig, mod, args, kwargs)
+
+                return __call__
+
+            self._wrap_call(cls, make_hot)
+            return
+
         def make(orig: Callable) -> Callable:
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 if compiling():  # first, alone (see discovery)
