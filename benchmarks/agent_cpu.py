@@ -11,7 +11,7 @@ perfmon (``perfmon --headless``, the monitor in its own process, which is not co
 
 Printed: per-step process CPU with and without (medians), the difference in us per step (goal: <= 10 us at
 any step rate), how that splits between the training thread (hooks) and the agent's threads, and the
-in-loop wall-time ratio (goal on the ``mlp`` job: <= 1.01).
+in-loop wall-time ratio (goal on the ``mlp`` job: <= 1.01), of the medians and over the ABBA pairs.
 
 ``--burners N`` keeps N busy processes running beside every run (a host shared with other work), and
 ``--threads N`` gives the job N torch intra-op threads: with ``--threads 2 --burners 1`` on two cores, torch's
@@ -160,7 +160,10 @@ def report(args: argparse.Namespace, results: dict[bool, list[dict]]) -> None:
     print(f"process CPU: {med(False, 'process_us'):.2f} us/step without, {med(True, 'process_us'):.2f} with: "
           f"perfmon costs {d_proc:+.2f} us/step (goal <= 10)")
     print(f"  training thread (hooks) {d_thread:+.2f} us/step; agent threads {others:.2f} us/step")
-    print(f"in-loop wall time ratio {med(True, 'wall_us') / med(False, 'wall_us'):.4f}")
+    # each run against its partner of the same ABBA pair: drifts of the machine between pairs cancel
+    pairs = [w["wall_us"] / wo["wall_us"] for w, wo in zip(results[True], results[False], strict=True)]
+    print(f"in-loop wall time ratio {med(True, 'wall_us') / med(False, 'wall_us'):.4f} (medians); "
+          f"paired: median {statistics.median(pairs):.4f}, mean {statistics.fmean(pairs):.4f}")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,13 @@ from test_e2e import REPO, env  # noqa: F401  (env: private runtime dir)
 
 
 @pytest.mark.e2e
-def test_hook_floor_prints_the_three_ways() -> None:
+def test_hook_floor_prints_every_way() -> None:
+    from perfmon.agent.hooks import accelerator
+
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "hook_floor.py"), "--job", "tiny", "--blocks",
                           "2", "--block-steps", "20"], capture_output=True, text=True, timeout=300, check=True).stdout
-    for way in ("none", "floor", "perfmon"):
+    ways = ["none", "floor", "perfmon-py"] + (["perfmon-c"] if accelerator() is not None else [])
+    for way in ways:
         assert re.search(rf"^\s+{way}\s+median\s+[\d.]+ us .*paired median\s+[+-][\d.]+$", out, re.M), out
 
 
@@ -26,4 +29,5 @@ def test_agent_cpu_runs_with_and_without_perfmon(env: dict[str, str]) -> None:  
                          check=True, env=env).stdout
     assert re.search(r"^run 0 with\s*: process [\d.]+ us/step", out, re.M), out
     assert re.search(r"^run 0 without: process [\d.]+ us/step", out, re.M), out
-    assert re.search(r"perfmon costs [+-][\d.]+ us/step", out) and "in-loop wall time ratio" in out
+    assert re.search(r"perfmon costs [+-][\d.]+ us/step", out), out
+    assert re.search(r"in-loop wall time ratio [\d.]+ \(medians\); paired: median [\d.]+, mean [\d.]+$", out, re.M), out

@@ -3,7 +3,10 @@
 Every hook appends a tuple to a deque (``emit``, or ``fast`` straight to the buffer) and asks
 :class:`Boundaries` whether a step just ended; the common case is inlined in each hook. In a
 tight benchmark a hook costs well under 1 us; inside a real loop, where torch's own work
-between the hooks leaves them cache-cold, about 1.5-4 us per phase (benchmarks/README.md).
+between the hooks leaves them cache-cold, about 1.5-4 us per phase (benchmarks/README.md). Where
+``perfmon.agent._hot`` was built (a C compiler at install), the fetch, backward and optimizer hooks and the
+body of the roots' ``__call__`` wrapper are its C twins, which do the same common case without a Python frame
+and call the same ``begin``/``end`` for the rest (tests/test_hot_path.py holds the two equal).
 
 Nothing is left on the user's objects. Forward timing wraps ``__call__`` of the *class* of
 each root module and times only the root instances (by identity), so a model pickles,

@@ -154,7 +154,7 @@ class Server:
         while True:
             try:
                 self._update_interest()
-                events = self._sel.select(timeout=0.5)
+                events = self._sel.select(timeout=5.0)  # woken by _wake for anything sooner (writes, close)
                 for key, mask in events:
                     self._handle(key, mask)
                 if self._stop and not any(c.out for c in self._clients.values()):
