@@ -343,3 +343,50 @@ print(round(loss.item(), 6), [round(v, 6) for v in model.weight.flatten().tolist
     assert hooked.returncode == 0, hooked.stderr
     assert "ERROR" not in hooked.stderr
     assert hooked.stdout == plain.stdout
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
+def test_the_commands_see_every_boundary_and_work_when_something_is_due(accelerated, tmp_path):
+    """The C hook counts boundaries itself and calls the commands only when something is set; the work done, and
+    the boundaries it is done at, are the Python hooks' own."""
+    from types import SimpleNamespace
+
+    from perfmon.agent.commands import Commands
+
+    agent = SimpleNamespace(run_dir=tmp_path, enabled=True, record_error=lambda where, exc: pytest.fail(f"{where}: {exc}"),
+                            publish=lambda msg: None, tracker=SimpleNamespace(count=0))
+    cmds = Commands(agent, {})
+    worked: list[int] = []
+    calls: list[int] = []
+    after_count = cmds.after_count
+    cmds._boundary_work = lambda: worked.append(cmds.boundaries)  # type: ignore[method-assign]
+    cmds.after_count = lambda: (calls.append(cmds.boundaries), after_count())  # type: ignore[method-assign]
+    inst = Instrumentation(lambda *a: None, lambda where, exc: pytest.fail(f"{where}: {exc}"), cmds.boundary,
+                           accelerated=accelerated, commands=cmds)
+    inst.install()
+    inst.fast = lambda event: None
+    try:
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def steps(n: int) -> None:
+            for _ in range(n):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+
+        steps(5)
+        assert cmds.boundaries >= 4 and worked == []
+        idle_calls, first = len(calls), cmds.boundaries
+        cmds._next_every = cmds.boundaries + 2  # a periodic window due two boundaries from now
+        steps(3)
+        cmds._next_every = None
+        cmds.pending = True  # a command arrived
+        steps(1)
+    finally:
+        inst.uninstall()
+    assert worked[0] == worked[1] - 1 and worked[-1] == cmds.boundaries  # due from the 2nd boundary on, then pending
+    if accelerated:  # nothing set: no Python call at a steady step's end (the first steps teach the loop)
+        assert idle_calls <= 2
+    else:
+        assert idle_calls == first

@@ -24,7 +24,8 @@
 
 static PyObject *s_fast, *s_depth, *s_pending, *s_optimizers_seen, *s_in_data, *s_begin, *s_end, *s_on_error,
     *s_hooks, *s_single, *s_explicit, *s_discovering, *s_finish_discovery, *s_boundary, *s_note_optimizer,
-    *s_dim, *s_shape, *s_values, *s_data, *s_optimizer, *s_key, *s_forward, *s_in_root;
+    *s_dim, *s_shape, *s_values, *s_data, *s_optimizer, *s_key, *s_forward, *s_in_root,
+    *s_commands, *s_boundaries, *s_window, *s_flops_mode, *s_memory, *s_next_every, *s_next_time, *s_after_count;
 static PyObject *kw_key;  /* ("key",) */
 static PyObject *code_begin, *code_end, *code_end_boundary;
 
@@ -155,6 +156,35 @@ fail:
     Py_DECREF(batch);
     if (PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
     return NULL;
+}
+
+
+/* The step ended: the commands' boundary. With the agent's Commands at hand, count the boundary and look at what
+ * could be due here (the common case: nothing, and no Python call); else Instrumentation._boundary(). */
+static void step_ended(PyObject *inst) {
+    PyObject *commands = PyObject_GetAttr(inst, s_commands);
+    if (commands == NULL) { report(inst); return; }
+    PyObject *r = NULL;
+    if (commands == Py_None) {
+        r = PyObject_CallMethodNoArgs(inst, s_boundary);
+    } else {
+        int err = 0;
+        long n = get_long(commands, s_boundaries, &err);
+        if (err || set_long(commands, s_boundaries, n + 1) < 0) { report(inst); Py_DECREF(commands); return; }
+        int idle = get_truth(commands, s_pending);  /* then each of these must be None */
+        if (idle >= 0) idle = !idle;
+        PyObject *const names[] = {s_window, s_flops_mode, s_memory, s_next_every, s_next_time};
+        for (size_t k = 0; idle > 0 && k < sizeof(names) / sizeof(names[0]); k++) {
+            PyObject *v = PyObject_GetAttr(commands, names[k]);
+            if (v == NULL) idle = -1;
+            else { idle = v == Py_None; Py_DECREF(v); }
+        }
+        if (idle < 0) { report(inst); Py_DECREF(commands); return; }
+        r = idle ? Py_NewRef(Py_None) : PyObject_CallMethodNoArgs(commands, s_after_count);
+    }
+    if (r == NULL) report(inst);
+    Py_XDECREF(r);
+    Py_DECREF(commands);
 }
 
 /* -- Timed: a wrapped function or method (DataLoader fetch, torch.autograd.backward) ------------------ */
@@ -385,9 +415,7 @@ static PyObject *OptimizerHook_vectorcall(PyObject *op, PyObject *const *args, s
                     if (r == NULL) report(inst);
                     Py_XDECREF(r);
                 }
-                r = PyObject_CallMethodNoArgs(inst, s_boundary);
-                if (r == NULL) report(inst);
-                Py_XDECREF(r);
+                step_ended(inst);
             }
         }
         if (!done) {
@@ -626,6 +654,9 @@ PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_dim, "dim"); INTERN(s_shape, "shape");
     INTERN(s_values, "values"); INTERN(s_data, "data"); INTERN(s_optimizer, "optimizer"); INTERN(s_key, "key");
     INTERN(s_forward, "forward"); INTERN(s_in_root, "_in_root");
+    INTERN(s_commands, "commands"); INTERN(s_boundaries, "boundaries"); INTERN(s_window, "window");
+    INTERN(s_flops_mode, "flops_mode"); INTERN(s_memory, "memory"); INTERN(s_next_every, "_next_every");
+    INTERN(s_next_time, "_next_time"); INTERN(s_after_count, "after_count");
     if ((kw_key = PyTuple_Pack(1, s_key)) == NULL) return NULL;
     if ((code_begin = PyLong_FromLong(BEGIN)) == NULL || (code_end = PyLong_FromLong(END)) == NULL
         || (code_end_boundary = PyLong_FromLong(END_BOUNDARY)) == NULL)

@@ -97,7 +97,7 @@ def install_hooks(agent: Agent) -> None:
 
         agent.commands = Commands(agent, _profile_config())
         # the commands' own boundary check, called straight from the hooks at every step end (not via the agent)
-        inst = Instrumentation(agent.emit, agent.record_error, agent.commands.boundary)
+        inst = Instrumentation(agent.emit, agent.record_error, agent.commands.boundary, commands=agent.commands)
         inst.install()
         agent.instrumentation = inst
         torch = sys.modules["torch"]

@@ -102,6 +102,11 @@ class Commands:
     def boundary(self) -> None:
         """A step just ended on the training thread."""
         self.boundaries += 1
+        self.after_count()
+
+    def after_count(self) -> None:
+        """:meth:`boundary` after its count. The C hot path counts the boundary itself and calls this only when one
+        of ``pending``, ``window``, ``flops_mode``, ``memory``, ``_next_every``, ``_next_time`` is set."""
         memory = self.memory
         if (not self.pending and self.window is None and self.flops_mode is None
                 and (memory is None or not memory.recording)
