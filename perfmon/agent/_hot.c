@@ -495,6 +495,20 @@ typedef struct {
     PyObject *inst, *bounds, *roots, *clock, *grad_enabled;
 } Forward;
 
+
+/* ref() is obj, for a weak reference ref */
+static int weakref_is(PyObject *ref, PyObject *obj) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *target = NULL;
+    if (PyWeakref_GetRef(ref, &target) < 0) { PyErr_Clear(); return 0; }
+    int same = target == obj;
+    Py_XDECREF(target);
+    return same;
+#else
+    return PyWeakref_GetObject(ref) == obj;
+#endif
+}
+
 static PyObject *call_orig(PyObject *orig, PyObject *mod, PyObject *args, PyObject *kwargs) {
     Py_ssize_t n = PyTuple_GET_SIZE(args);
     PyObject *full = PyTuple_New(n + 1);
@@ -531,7 +545,7 @@ static PyObject *Forward_vectorcall(PyObject *op, PyObject *const *args, size_t 
     if (is_grad == 0) {  /* another instance of the model's class: a copy (EMA) or a sibling */
         PyObject *ref = PyDict_GetItemWithError(self->roots, key);
         if (ref == NULL && PyErr_Occurred()) is_grad = -1;
-        kind = ref != NULL && PyWeakref_Check(ref) && PyWeakref_GetObject(ref) == mod ? NOGRAD : COPY;
+        kind = ref != NULL && PyWeakref_Check(ref) && weakref_is(ref, mod) ? NOGRAD : COPY;
     }
     if (is_grad >= 0 && (kind_obj = PyLong_FromLong(kind)) != NULL)
         begin_arg = PyTuple_Pack(3, s_forward, key, kind_obj);
