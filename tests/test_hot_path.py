@@ -390,3 +390,35 @@ def test_the_commands_see_every_boundary_and_work_when_something_is_due(accelera
         assert idle_calls <= 2
     else:
         assert idle_calls == first
+
+
+@needs_hot
+def test_c_hooks_leak_nothing_per_step():
+    """A reference the C code forgot to drop would leave at least one object per step behind."""
+    import gc
+
+    sink: list[Any] = []
+    inst = Instrumentation(lambda *a: None, lambda where, exc: pytest.fail(f"{where}: {exc}"))
+    inst.install()
+    inst.fast = sink.append
+    try:
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = _loader(1000)  # 1,000 batches of 2
+
+        def epoch() -> None:
+            for xb, yb in loader:
+                loss = nn.functional.mse_loss(model(xb), yb)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            sink.clear()
+            gc.collect()
+
+        epoch()
+        before = sys.getallocatedblocks()
+        epoch()
+        grown = sys.getallocatedblocks() - before
+    finally:
+        inst.uninstall()
+    assert grown < 300, f"{grown} blocks more after 1,000 steps"
