@@ -31,3 +31,24 @@ def test_agent_cpu_runs_with_and_without_perfmon(env: dict[str, str]) -> None:  
     assert re.search(r"^run 0 without: process [\d.]+ us/step", out, re.M), out
     assert re.search(r"perfmon costs [+-][\d.]+ us/step", out), out
     assert re.search(r"in-loop wall time ratio [\d.]+ \(medians\); paired: median [\d.]+, mean [\d.]+$", out, re.M), out
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("way", ["none", "c", "py"])
+def test_hook_instructions_measured_program_runs_each_way(way: str, tmp_path) -> None:
+    """The program hook_instructions.py runs under valgrind (valgrind itself is too slow for the suite), and the
+    totals line it reads from callgrind's output."""
+    from perfmon.agent.hooks import accelerator
+
+    if way == "c" and accelerator() is None:
+        pytest.skip("the C hot path is not built here")
+    script = REPO / "benchmarks" / "hook_instructions.py"
+    res = subprocess.run([sys.executable, str(script), "--train", "--job", "tiny", "--way", way, "--steps", "5"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "perfmon error" not in res.stderr, res.stderr
+    sys.path.insert(0, str(script.parent))
+    import hook_instructions
+
+    out = tmp_path / "callgrind.out"
+    out.write_text("events: Ir I1mr D1mr DLmr\nsummary: 10 2 3 0\ntotals: 10 2 3 1\n")
+    assert hook_instructions.totals(out) == {"Ir": 10, "I1mr": 2, "D1mr": 3, "DLmr": 1}
