@@ -282,3 +282,38 @@ def test_a_fast_job_sends_monitors_a_bulk_summary_and_records_every_row(agent):
     summary = finalize_recording(agent.run_dir, live, 0)
     assert summary is not None and summary["steps"] == n
     assert summary["step_ms"] == build_summary(recorded)["step_ms"]
+
+
+@pytest.mark.parametrize(("events", "seconds", "expected"), [
+    (0, 0.5, 0.5),  # an idle job: the plain tick
+    (2_400, 0.5, 0.5),  # ~600 steps/s of 8 events: the plain tick
+    (20_000, 0.5, 0.5),  # exactly FLUSH_EVENTS a tick
+    (60_000, 0.5, 20_000 / 120_000),  # 120k events/s: sooner, ~20k events a flush
+    (10_000_000, 1.0, 0.02),  # far beyond: never under MIN_TICK
+    (5, 0.0, 0.5),  # a few events in no measurable time: no burst
+])
+def test_the_publisher_ticks_sooner_when_events_pile_up(events, seconds, expected):
+    from perfmon.agent.runtime import FLUSH_EVENTS, MIN_TICK, next_wait
+
+    assert (FLUSH_EVENTS, MIN_TICK) == (20_000, 0.02)
+    assert next_wait(events, seconds, 0.5) == pytest.approx(expected)
+
+
+def test_an_overflowing_event_buffer_is_said_once(tmp_path):
+    from collections import deque
+
+    from perfmon.agent.steps import BEGIN, END
+
+    a = Agent(tmp_path / "run", {"script": "x"}, sample_interval=None)
+    a.events = deque(maxlen=10)
+    for i in range(15):  # the publisher fell behind: the oldest 5 are gone
+        a.events.append((BEGIN if i % 2 == 0 else END, float(i), "forward", None))
+    a._flush()
+    for i in range(10):
+        a.events.append((BEGIN if i % 2 == 0 else END, 20.0 + i, "forward", None))
+    a._flush()
+    said = [t for t in a._unreported if "overflowed" in t]
+    assert len(said) == 1 and "10 events" in said[0] and "training is unaffected" in said[0]
+    a.events.append((BEGIN, 40.0, "forward", None))
+    a._flush()
+    assert len([t for t in a._unreported if "overflowed" in t]) == 1
