@@ -31,9 +31,9 @@ from perfmon.agent.steps import BEGIN, END, STEP, StepRecord, StepTracker
 EVENT_BUFFER = 500_000
 #: Rows per ``steps`` message: keeps every line far below protocol.MAX_LINE.
 STEPS_PER_MESSAGE = 2000
-#: Most step rows one flush (a tick) sends to the monitors; the recording always has every row. Beyond
-#: this (over ~500 steps/s at the 0.5 s tick) the rows before the newest LIVE_ROWS reach monitors as one ``bulk`` summary
-#: (count, sums, max), so a monitor's cost stays flat however fast the job steps.
+#: Most step rows one flush of the 0.5 s tick sends to the monitors (a sooner tick sends its share: the same rows
+#: per second); the recording always has every row. Beyond this (over ~500 steps/s) the older rows reach monitors
+#: as one ``bulk`` summary (count, sums, max), so a monitor's cost stays flat however fast the job steps.
 LIVE_ROWS = 250
 #: At exit, the publisher may take as long as its backlog needs; it is abandoned only after this many
 #: seconds without any progress (a hung disk), so a loaded machine never loses steps to a timer.
@@ -72,6 +72,8 @@ class Agent:
         self._clock_offset = time.time() - time.perf_counter()
         self._warned_recording = False
         self._overflow_said = False
+        #: rows a flush sends monitors: LIVE_ROWS a tick, fewer when the publisher ticks sooner (the same rows/s)
+        self._live_rows = LIVE_ROWS
         self.recorder = Recorder(run_dir)
         self.server: Server | None = None
         self._instrumentation: Any = None
@@ -341,6 +343,7 @@ class Agent:
                 pass
             now = time.monotonic()
             wait, last = next_wait(n, now - last, self.tick), now
+            self._live_rows = max(1, round(LIVE_ROWS * wait / self.tick))
 
     def _poll_cuda(self) -> None:
         if self._cuda_event is not None or self.instrumentation is None:
@@ -374,7 +377,8 @@ class Agent:
                 records.append(last)
         ready = self.cuda.resolve(records, final=final)
         outside = {f"{k}_ms": _ms(v) for k, v in self.tracker.drain_outside().items()}
-        share = LIVE_ROWS / len(ready) if len(ready) > LIVE_ROWS else 1.0
+        live = self._live_rows
+        share = live / len(ready) if len(ready) > live else 1.0
         # bounded lines: a backlog (a slow tick, 10k steps/s) goes out as several messages; each keeps its
         # share of the LIVE_ROWS rows the monitors get, so every message they see has rows to weigh its bulk by
         for i in range(0, len(ready), STEPS_PER_MESSAGE):
