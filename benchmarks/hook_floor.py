@@ -48,6 +48,7 @@ def main() -> None:
     from torch.utils.data import dataloader
 
     from perfmon.agent.hooks import Instrumentation
+    from perfmon.agent.native import event_buffer
 
     step = agent_cpu.make_step(args.job)
     events: deque = deque(maxlen=10_000)
@@ -97,13 +98,17 @@ def main() -> None:
             h.remove()
         handles.clear()
 
+    buffers: list = [events]
+
     def perfmon_way(accelerated: bool) -> tuple:
-        inst = Instrumentation(lambda code, arg: append((code, perf_counter(), arg, None)), lambda where, exc: None,
-                               accelerated=accelerated)
+        buffer = event_buffer(100_000)  # the agent's own: the C hooks write compact slots to it
+        buffers.append(buffer)
+        inst = Instrumentation(lambda code, arg: buffer.append((code, perf_counter(), arg, None)),
+                               lambda where, exc: None, accelerated=accelerated)
 
         def on() -> None:
             inst.install()
-            inst.fast = append
+            inst.fast = buffer.append
             for _ in range(3):  # the first step finds the model
                 step()
 
@@ -127,6 +132,9 @@ def main() -> None:
                 step()
             results[name].append((time.thread_time() - t0) / args.block_steps * 1e6)
             off()
+            for buffer in buffers:  # what the agent's thread does every tick, outside the timed steps
+                drain = getattr(buffer, "drain", None)
+                drain() if drain is not None else buffer.clear()
     base = results["none"]
     print(f"job {args.job}: {args.blocks} blocks of {args.block_steps} steps each way, training thread CPU per step")
     for name, vals in results.items():

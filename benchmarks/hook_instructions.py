@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import perf_counter
@@ -39,8 +38,9 @@ def train(job: str, way: str, steps: int) -> None:
     step = agent_cpu.make_step(job)
     if way != "none":
         from perfmon.agent.hooks import Instrumentation
+        from perfmon.agent.native import event_buffer
 
-        events: deque = deque(maxlen=100_000)
+        events = event_buffer(100_000)  # the agent's own: the C hooks write compact slots to it
         inst = Instrumentation(lambda code, arg: events.append((code, perf_counter(), arg, None)),
                                lambda where, exc: print(f"perfmon error in {where}: {exc}", file=sys.stderr),
                                accelerated=way == "c")

@@ -286,6 +286,24 @@ def test_loop_shape_counts_exact_steps(env, tmp_path, script, args, steps, phase
         assert "helper_mod imported" in res.stdout
 
 
+@pytest.mark.parametrize("name", ["grad_accum", "workers_fork"])
+def test_the_pure_python_hooks_count_the_same_steps(env, tmp_path, name):
+    """``PERFMON_NO_ACCEL=1`` (or no C compiler at install): the Python hooks, state and event buffer, end to end."""
+    _, script, args, steps, phases, per_step = next(c for c in LOOP_SHAPES if c[0] == name)[:6]
+    run = tmp_path / "run"
+    probe = "import perfmon.agent.native as n\nprint('native', n.HOT)\n"
+    target = tmp_path / "train.py"
+    target.write_text(probe + (REPO / script).read_text())
+    res = headless(run, str(target), *args, env={**env, "PERFMON_NO_ACCEL": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "native None" in res.stdout  # the fallback really ran
+    rep = report(run, env)
+    assert rep["steps"] == steps
+    for phase in phases:
+        assert rep["phases"][phase]["mean_ms"] > 0, phase
+    assert rep["samples_per_s"] == pytest.approx(rep["steps_per_s"] * per_step, rel=0.03)
+
+
 def test_lbfgs_closure_forward_backward_are_forward_backward(env, tmp_path):
     run = tmp_path / "run"
     res = headless(run, "demos/loops/lbfgs.py", "--steps", "4", env=env)

@@ -204,7 +204,8 @@ def test_a_failing_cuda_event_never_reaches_the_training_thread(tmp_path):
     agent.cuda_marks = True
     agent.emit(BEGIN, "forward")  # must not raise
     agent.emit(END, "forward")
-    assert len(agent.events) == 2 and all(e[3] is None for e in agent.events)
+    events = agent.events.drain()
+    assert len(events) == 2 and all(e[3] is None for e in events)
     assert agent.errors.get("cuda events") == 1 and agent.cuda_marks is False
 
 

@@ -7,6 +7,7 @@ event streams, the boundaries the commands see and the errors must be identical.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from perfmon.agent import hooks as hooks_mod
 from perfmon.agent.hooks import Instrumentation
+from perfmon.agent.native import event_buffer
 
 HOT = hooks_mod.accelerator()
 needs_hot = pytest.mark.skipif(HOT is None, reason="the C hot path is not built here (no C compiler at install)")
@@ -30,7 +32,7 @@ needs_hot = pytest.mark.skipif(HOT is None, reason="the C hot path is not built 
 
 def test_the_c_hot_path_is_built_where_a_compiler_exists():
     if HOT is None and shutil.which("cc") and Path(sysconfig.get_paths()["include"], "Python.h").exists() \
-            and not hooks_mod.os.environ.get("PERFMON_NO_ACCEL"):
+            and not os.environ.get("PERFMON_NO_ACCEL"):
         pytest.fail("a C compiler and Python.h are here, yet perfmon.agent._hot did not build: "
                     "reinstall with `pip install -e .` and read its build output")
 
@@ -199,13 +201,19 @@ def _normalised(events: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
     return [(code, norm(arg)) for code, arg in events]
 
 
-def run_shape(shape: str, accelerated: bool, fast: bool, tmp: Path) -> dict[str, Any]:
+def run_shape(shape: str, accelerated: bool, fast: bool | str, tmp: Path) -> dict[str, Any]:
+    """``fast``: True for the fast path to a Python sink, False for every event through ``emit``, "ring" for the
+    agent's own buffer (``native.event_buffer``: the C hooks write compact slots there that ``drain`` expands)."""
     events: list[tuple[int, Any]] = []
     times: list[float] = []
     errors: list[tuple[str, BaseException]] = []
     boundaries: list[int] = []
+    ring = event_buffer(1_000_000) if fast == "ring" else None
 
     def emit(code: int, arg: Any = None) -> None:
+        if ring is not None:  # what Agent.emit does
+            ring.append((code, perf_counter(), arg, None))
+            return
         events.append((code, arg))
         times.append(perf_counter())
 
@@ -215,11 +223,14 @@ def run_shape(shape: str, accelerated: bool, fast: bool, tmp: Path) -> dict[str,
         events.append((code, arg))
         times.append(t)
 
-    inst = Instrumentation(emit, lambda where, exc: errors.append((where, exc)), lambda: boundaries.append(len(events)),
-                           accelerated=accelerated)
+    inst = Instrumentation(emit, lambda where, exc: errors.append((where, exc)),
+                           lambda: boundaries.append(len(events) if ring is None else len(ring)), accelerated=accelerated)
     assert (inst._hot is not None) == accelerated
     inst.install()
-    if fast:
+    if ring is not None:
+        inst.fast = ring.append
+        assert inst.bounds.ring is ring  # the C hooks write there directly
+    elif fast:
         inst.fast = append
     torch.manual_seed(0)
     try:
@@ -227,13 +238,16 @@ def run_shape(shape: str, accelerated: bool, fast: bool, tmp: Path) -> dict[str,
         fn(tmp) if shape == "accumulation_and_checkpoint" else fn()
     finally:
         inst.uninstall()
+    if ring is not None:
+        for event in ring.drain():
+            append(event)
     assert times == sorted(times), "event times go backwards"
     return {"events": _normalised(events), "boundaries": boundaries, "errors": errors,
             "optimizers": len(inst.optimizers)}
 
 
 @needs_hot
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "emit"])
+@pytest.mark.parametrize("fast", [True, False, "ring"], ids=["fast", "emit", "ring"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_c_hooks_record_exactly_what_python_hooks_record(shape, fast, tmp_path):
     python = run_shape(shape, accelerated=False, fast=fast, tmp=tmp_path)
@@ -266,7 +280,7 @@ def test_hooks_end_their_phase_and_reraise_when_the_call_fails(accelerated):
         with pytest.raises(KeyError, match="bad sample 0"):
             next(iter(DataLoader(Broken())))
         # (the failed backward ended a step: no optimizer exists, so a BOUNDARY comes first)
-        assert events[-2:] == [(0, "data"), (1, ("data", None))] and inst._in_data == 0 and inst.bounds.depth == 0
+        assert events[-2:] == [(0, "data"), (1, ("data", None))] and inst.bounds.in_data == 0 and inst.bounds.depth == 0
     finally:
         inst.uninstall()
 
@@ -422,3 +436,41 @@ def test_c_hooks_leak_nothing_per_step():
     finally:
         inst.uninstall()
     assert grown < 300, f"{grown} blocks more after 1,000 steps"
+
+
+@pytest.mark.parametrize("maxlen, appends", [(1, 3), (4, 4), (4, 11), (3000, 5000), (5000, 2500)])
+def test_the_event_buffer_keeps_the_newest_in_order_and_counts_what_it_dropped(maxlen, appends):
+    """The C ring against a deque of the same maxlen (the Python buffer): same events out, oldest first, after
+    growing, wrapping and dropping; drained twice across a wrap."""
+    from collections import deque
+
+    from perfmon.agent.native import HOT, EventDeque
+
+    ways = [EventDeque(maxlen=maxlen)] + ([HOT.Ring(maxlen)] if HOT is not None else [])
+    for buffer in ways:
+        reference: deque = deque(maxlen=maxlen)
+        half = appends // 2
+        for i in range(half):
+            event = (i % 7, float(i), ("data", i), None)
+            buffer.append(event)
+            reference.append(event)
+        assert len(buffer) == len(reference)
+        assert buffer.drain() == list(reference)
+        reference.clear()
+        for i in range(half, appends):
+            event = (i % 7, float(i), "forward", None)
+            buffer.append(event)
+            reference.append(event)
+        assert buffer.drain() == list(reference) and len(buffer) == 0 and buffer.drain() == []
+        if isinstance(buffer, EventDeque):
+            continue
+        assert buffer.maxlen == maxlen
+        assert buffer.dropped == max(0, half - maxlen) + max(0, appends - half - maxlen)
+
+
+@needs_hot
+def test_the_c_clock_is_perf_counter():
+    before = perf_counter()
+    t = HOT.clock()
+    after = perf_counter()
+    assert before <= t <= after

@@ -299,13 +299,15 @@ def test_the_publisher_ticks_sooner_when_events_pile_up(events, seconds, expecte
     assert next_wait(events, seconds, 0.5) == pytest.approx(expected)
 
 
-def test_an_overflowing_event_buffer_is_said_once(tmp_path):
-    from collections import deque
-
+@pytest.mark.parametrize("buffer", ["python", "c"])
+def test_an_overflowing_event_buffer_is_said_once(tmp_path, buffer):
+    from perfmon.agent.native import HOT, EventDeque
     from perfmon.agent.steps import BEGIN, END
 
+    if buffer == "c" and HOT is None:
+        pytest.skip("the C hot path is not built here")
     a = Agent(tmp_path / "run", {"script": "x"}, sample_interval=None)
-    a.events = deque(maxlen=10)
+    a.events = EventDeque(maxlen=10) if buffer == "python" else HOT.Ring(10)
     for i in range(15):  # the publisher fell behind: the oldest 5 are gone
         a.events.append((BEGIN if i % 2 == 0 else END, float(i), "forward", None))
     a._flush()

@@ -1,16 +1,26 @@
 /* perfmon's hook hot path in C: the same events as the Python hooks in hooks.py, without a Python frame.
  *
- * Optional: built by `pip install` where a C compiler exists; hooks.py falls back to its pure-Python
- * hooks otherwise (or with PERFMON_NO_ACCEL=1). Each object mirrors one Python hook line for line: its
- * common case (host timing only, no step decision to make) is done here; every other case calls the same
- * Python method the Python hook calls (``Instrumentation.begin``/``end``), so the step logic lives in one
- * place. Nothing here raises into training: a failure of the bookkeeping goes to ``inst._on_error``.
+ * Optional: built by `pip install` where a C compiler exists; perfmon falls back to pure Python otherwise (or with
+ * PERFMON_NO_ACCEL=1). Inside a real training loop torch's own work between two hooks leaves the hooks' code and
+ * data cache-cold, so what a hook costs is mostly the cache lines it touches. Hence:
  *
- * Event tuples are ``(code, perf_counter(), arg, None)``, the clock being ``time.perf_counter`` itself.
+ *  - State: the training thread's hot state (step depth, the loop's one optimizer, where events go, ...) in one C
+ *    struct. ``steps.Boundaries`` subclasses it; Python reads and writes the same fields as attributes.
+ *  - CommandState: the few fields of ``commands.Commands`` a step's end looks at, and the boundary count.
+ *  - Ring: the event buffer. Python appends whole event tuples; the C hooks write compact 24-byte slots (no
+ *    object made on the training thread) that ``drain`` turns into the very tuples the Python hooks append.
+ *  - Timed, OptimizerHook, Forward: the hooks. Each does its common case (host timing only, no step decision
+ *    to make) here and calls the same Python method as the Python hook for every other case
+ *    (``Instrumentation.begin``/``end``), so the step logic lives in one place. Nothing here raises into
+ *    training: a failure of the bookkeeping goes to ``inst._on_error``.
+ *
+ * Event tuples are ``(code, t, arg, None)``, t on time.perf_counter's clock (CLOCK_MONOTONIC, in seconds).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <time.h>
 #include "structmember.h"
 
 /* event codes: perfmon.agent.steps */
@@ -22,53 +32,36 @@
 #define KIND_DATA 0
 #define KIND_BACKWARD 1
 
-static PyObject *s_fast, *s_depth, *s_pending, *s_optimizers_seen, *s_in_data, *s_begin, *s_end, *s_on_error,
-    *s_hooks, *s_single, *s_explicit, *s_discovering, *s_finish_discovery, *s_boundary, *s_note_optimizer,
-    *s_dim, *s_shape, *s_values, *s_data, *s_optimizer, *s_key, *s_forward, *s_in_root,
-    *s_commands, *s_boundaries, *s_window, *s_flops_mode, *s_memory, *s_next_every, *s_next_time, *s_after_count;
+/* phases, in the order of `phase_names` */
+#define PH_DATA 0
+#define PH_FORWARD 1
+#define PH_BACKWARD 2
+#define PH_OPTIMIZER 3
+
+/* what a slot's arg is */
+#define TAG_OBJ 0        /* the whole event is `obj` (appended from Python) */
+#define TAG_PHASE 1      /* phase_names[kind] */
+#define TAG_DATA 2       /* ("data", n) */
+#define TAG_DATA_NONE 3  /* ("data", None) */
+#define TAG_FORWARD 4    /* ("forward", id(ptr), kind) */
+#define TAG_OPTIMIZER 5  /* ("optimizer", id(ptr)) */
+
+static PyObject *s_on_error, *s_hooks, *s_begin, *s_end, *s_finish_discovery, *s_boundary, *s_note_optimizer,
+    *s_size, *s_values, *s_key, *s_after_count;
 static PyObject *kw_key;  /* ("key",) */
-static PyObject *code_begin, *code_end, *code_end_boundary;
+static PyObject *phase_names[4];
+static PyObject *codes[8];
+static PyObject *zero;
 
-/* -- small helpers ------------------------------------------------------------------------------------ */
-
-static long get_long(PyObject *obj, PyObject *name, int *err) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) { *err = 1; return 0; }
-    long r = PyLong_AsLong(v);
-    Py_DECREF(v);
-    if (r == -1 && PyErr_Occurred()) *err = 1;
-    return r;
+/* time.perf_counter(), without the call or the float */
+static inline double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return (double)ns / 1e9;
 }
 
-static int set_long(PyObject *obj, PyObject *name, long value) {
-    PyObject *v = PyLong_FromLong(value);
-    if (v == NULL) return -1;
-    int r = PyObject_SetAttr(obj, name, v);
-    Py_DECREF(v);
-    return r;
-}
-
-static int get_truth(PyObject *obj, PyObject *name) {  /* -1 on error */
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) return -1;
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
-
-/* fast((code, perf_counter(), arg, None)) */
-static int append_event(PyObject *fast, PyObject *clock, PyObject *code, PyObject *arg) {
-    PyObject *t = PyObject_CallNoArgs(clock);
-    if (t == NULL) return -1;
-    PyObject *ev = PyTuple_Pack(4, code, t, arg, Py_None);
-    Py_DECREF(t);
-    if (ev == NULL) return -1;
-    PyObject *r = PyObject_CallOneArg(fast, ev);
-    Py_DECREF(ev);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
-    return 0;
-}
+static inline int is_none(PyObject *o) { return o == NULL || o == Py_None; }
 
 /* An error of perfmon's own bookkeeping: to inst._on_error("hooks", exc), never into training. */
 static void report(PyObject *inst) {
@@ -83,6 +76,387 @@ static void report(PyObject *inst) {
     Py_XDECREF(type);
     Py_XDECREF(value);
     Py_XDECREF(tb);
+}
+
+/* -- Ring: the event buffer ------------------------------------------------------------------------------ */
+
+typedef struct {
+    double t;
+    union { PyObject *obj; const void *ptr; long n; } aux;
+    int8_t code, tag, kind;
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *buf, *spare;
+    Py_ssize_t cap, head, len, maxlen;
+    long long dropped;
+} Ring;
+
+static PyTypeObject RingType;
+
+/* Room for one more slot: grow up to maxlen, then drop the oldest (a deque with maxlen does the same). The
+ * ring is consistent before any object is released: a finalizer may run Python code and switch threads. */
+static Slot *ring_next(Ring *r) {
+    PyObject *dropped = NULL;
+    if (r->len == r->cap) {
+        if (r->cap < r->maxlen) {
+            Py_ssize_t cap = r->cap ? r->cap * 2 : 1024;
+            if (cap > r->maxlen) cap = r->maxlen;
+            Slot *buf = PyMem_RawMalloc((size_t)cap * sizeof(Slot));
+            if (buf == NULL) { PyErr_NoMemory(); return NULL; }
+            for (Py_ssize_t i = 0; i < r->len; i++) buf[i] = r->buf[(r->head + i) % r->cap];
+            PyMem_RawFree(r->buf);
+            PyMem_RawFree(r->spare);  /* the wrong size now */
+            r->spare = NULL;
+            r->buf = buf;
+            r->cap = cap;
+            r->head = 0;
+        } else {
+            Slot *old = &r->buf[r->head];
+            if (old->tag == TAG_OBJ) dropped = old->aux.obj;
+            r->head = (r->head + 1) % r->cap;
+            r->len--;
+            r->dropped++;
+        }
+    }
+    Slot *s = &r->buf[(r->head + r->len) % r->cap];
+    r->len++;
+    s->tag = TAG_PHASE;  /* a placeholder the caller overwrites, never an object to release */
+    Py_XDECREF(dropped);
+    return s;
+}
+
+static inline int ring_push(Ring *r, int code, int tag, int kind, const void *ptr, long n) {
+    Slot *s = ring_next(r);
+    if (s == NULL) return -1;
+    s->t = now();
+    s->code = (int8_t)code;
+    s->tag = (int8_t)tag;
+    s->kind = (int8_t)kind;
+    if (tag == TAG_DATA) s->aux.n = n;
+    else s->aux.ptr = ptr;
+    return 0;
+}
+
+/* the arg of a compact event, as the Python hooks make it */
+static PyObject *make_arg(int tag, int kind, const void *ptr, long n) {
+    PyObject *a, *b, *r;
+    switch (tag) {
+    case TAG_PHASE:
+        return Py_NewRef(phase_names[kind]);
+    case TAG_DATA:
+        if ((a = PyLong_FromLong(n)) == NULL) return NULL;
+        r = PyTuple_Pack(2, phase_names[PH_DATA], a);
+        Py_DECREF(a);
+        return r;
+    case TAG_DATA_NONE:
+        return PyTuple_Pack(2, phase_names[PH_DATA], Py_None);
+    case TAG_FORWARD:
+        if ((a = PyLong_FromVoidPtr((void *)ptr)) == NULL) return NULL;
+        if ((b = PyLong_FromLong(kind)) == NULL) { Py_DECREF(a); return NULL; }
+        r = PyTuple_Pack(3, phase_names[PH_FORWARD], a, b);
+        Py_DECREF(a); Py_DECREF(b);
+        return r;
+    case TAG_OPTIMIZER:
+        if ((a = PyLong_FromVoidPtr((void *)ptr)) == NULL) return NULL;
+        r = PyTuple_Pack(2, phase_names[PH_OPTIMIZER], a);
+        Py_DECREF(a);
+        return r;
+    }
+    PyErr_SetString(PyExc_SystemError, "perfmon: unknown event slot");
+    return NULL;
+}
+
+static PyObject *make_event(int code, double t, PyObject *arg) {
+    PyObject *tf = PyFloat_FromDouble(t);
+    if (tf == NULL) return NULL;
+    PyObject *ev = PyTuple_Pack(4, codes[code], tf, arg, Py_None);
+    Py_DECREF(tf);
+    return ev;
+}
+
+static PyObject *Ring_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    Py_ssize_t maxlen;
+    static char *names[] = {"maxlen", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "n", names, &maxlen)) return NULL;
+    if (maxlen < 1) { PyErr_SetString(PyExc_ValueError, "maxlen must be at least 1"); return NULL; }
+    Ring *self = (Ring *)type->tp_alloc(type, 0);
+    if (self != NULL) self->maxlen = maxlen;
+    return (PyObject *)self;
+}
+
+static void release_slots(Slot *buf, Py_ssize_t cap, Py_ssize_t head, Py_ssize_t len) {
+    for (Py_ssize_t i = 0; i < len; i++) {
+        Slot *s = &buf[(head + i) % cap];
+        if (s->tag == TAG_OBJ) Py_DECREF(s->aux.obj);
+    }
+}
+
+static void Ring_dealloc(Ring *self) {
+    Slot *buf = self->buf;
+    Py_ssize_t cap = self->cap, head = self->head, len = self->len;
+    self->buf = NULL;
+    self->len = self->cap = 0;
+    release_slots(buf, cap, head, len);
+    PyMem_RawFree(buf);
+    PyMem_RawFree(self->spare);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Ring_append(Ring *self, PyObject *event) {
+    Slot *s = ring_next(self);
+    if (s == NULL) return NULL;
+    s->aux.obj = Py_NewRef(event);
+    s->tag = TAG_OBJ;
+    Py_RETURN_NONE;
+}
+
+/* Every event so far, oldest first, as a list of tuples. The slots are taken off the ring before any object is
+ * made (making one can run Python code, and the training thread may append meanwhile). */
+static PyObject *Ring_drain(Ring *self, PyObject *Py_UNUSED(ignored)) {
+    Slot *buf = self->buf;
+    Py_ssize_t cap = self->cap, head = self->head, len = self->len;
+    if (len == 0) return PyList_New(0);
+    self->buf = self->spare;
+    self->spare = NULL;
+    if (self->buf == NULL) {
+        self->buf = PyMem_RawMalloc((size_t)cap * sizeof(Slot));
+        if (self->buf == NULL) {
+            self->buf = buf;
+            return PyErr_NoMemory();
+        }
+    }
+    self->head = self->len = 0;
+    PyObject *list = PyList_New(len);
+    Py_ssize_t i = 0;
+    for (; list != NULL && i < len; i++) {
+        Slot *s = &buf[(head + i) % cap];
+        PyObject *ev;
+        if (s->tag == TAG_OBJ) {
+            ev = s->aux.obj;  /* the ring's reference goes to the list */
+            s->tag = TAG_PHASE;
+        } else {
+            PyObject *arg = make_arg(s->tag, s->kind, s->aux.ptr, s->aux.n);
+            ev = arg == NULL ? NULL : make_event(s->code, s->t, arg);
+            Py_XDECREF(arg);
+        }
+        if (ev == NULL) { Py_CLEAR(list); break; }
+        PyList_SET_ITEM(list, i, ev);
+    }
+    if (list == NULL) release_slots(buf, cap, head + i, len - i);
+    if (self->spare == NULL && cap == self->cap) self->spare = buf;
+    else PyMem_RawFree(buf);
+    return list;
+}
+
+static Py_ssize_t Ring_length(Ring *self) { return self->len; }
+
+static PyMethodDef Ring_methods[] = {
+    {"append", (PyCFunction)Ring_append, METH_O, "Append one event tuple (code, t, arg, mark)."},
+    {"drain", (PyCFunction)Ring_drain, METH_NOARGS, "Take every event so far, oldest first, as a list of tuples."},
+    {NULL},
+};
+
+static PyMemberDef Ring_members[] = {
+    {"maxlen", T_PYSSIZET, offsetof(Ring, maxlen), READONLY, "the most events held; older ones are dropped"},
+    {"dropped", T_LONGLONG, offsetof(Ring, dropped), READONLY, "events dropped because the ring was full"},
+    {NULL},
+};
+
+static PySequenceMethods Ring_as_sequence = {.sq_length = (lenfunc)Ring_length};
+
+static PyTypeObject RingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "perfmon.agent._hot.Ring",
+    .tp_doc = "Ring(maxlen): the agent's event buffer (append from Python, compact slots from the C hooks).",
+    .tp_basicsize = sizeof(Ring),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Ring_new,
+    .tp_dealloc = (destructor)Ring_dealloc,
+    .tp_methods = Ring_methods,
+    .tp_members = Ring_members,
+    .tp_as_sequence = &Ring_as_sequence,
+};
+
+/* -- State: the training thread's hot state (the base of steps.Boundaries) -------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    long depth, in_data, in_root;
+    char pending, explicit_, optimizers_seen, discovering;
+    PyObject *single;    /* id() of the loop's one optimizer, once learned, or None */
+    PyObject *ring;      /* the agent's Ring while the hooks may write to it, else None */
+    PyObject *sink;      /* Instrumentation.fast: a callable taking one event tuple, or None */
+    PyObject *commands;  /* the agent's Commands (a CommandState), or None */
+} State;
+
+/* -- CommandState: what a step's end looks at of commands.Commands --------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    long long boundaries;
+    char pending;
+    PyObject *window, *flops_mode, *memory, *next_every, *next_time;
+} CommandState;
+
+static PyTypeObject StateType, CommandStateType;
+
+static int State_traverse(State *self, visitproc visit, void *arg) {
+    Py_VISIT(self->single); Py_VISIT(self->ring); Py_VISIT(self->sink); Py_VISIT(self->commands);
+    return 0;
+}
+
+static int State_clear(State *self) {
+    Py_CLEAR(self->single); Py_CLEAR(self->ring); Py_CLEAR(self->sink); Py_CLEAR(self->commands);
+    return 0;
+}
+
+static void State_dealloc(State *self) {
+    PyObject_GC_UnTrack(self);
+    State_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* ring and commands are typed (the hooks use them as C structs): set through these */
+static PyObject *State_get_ring(State *self, void *c) { return Py_NewRef(self->ring ? self->ring : Py_None); }
+static int State_set_ring(State *self, PyObject *value, void *c) {
+    if (value != NULL && value != Py_None && !Py_IS_TYPE(value, &RingType)) {
+        PyErr_SetString(PyExc_TypeError, "ring must be a Ring or None");
+        return -1;
+    }
+    Py_XSETREF(self->ring, value == NULL || value == Py_None ? NULL : Py_NewRef(value));
+    return 0;
+}
+static PyObject *State_get_commands(State *self, void *c) {
+    return Py_NewRef(self->commands ? self->commands : Py_None);
+}
+static int State_set_commands(State *self, PyObject *value, void *c) {
+    if (value != NULL && value != Py_None && !PyObject_TypeCheck(value, &CommandStateType)) {
+        PyErr_SetString(PyExc_TypeError, "commands must be a CommandState or None");
+        return -1;
+    }
+    Py_XSETREF(self->commands, value == NULL || value == Py_None ? NULL : Py_NewRef(value));
+    return 0;
+}
+
+static PyMemberDef State_members[] = {
+    {"depth", T_LONG, offsetof(State, depth), 0, "phases open on the training thread"},
+    {"in_data", T_LONG, offsetof(State, in_data), 0, "inside a DataLoader fetch (module calls there are transforms)"},
+    {"in_root", T_LONG, offsetof(State, in_root), 0, "inside a root's forward (same-class submodules are not roots)"},
+    {"pending", T_BOOL, offsetof(State, pending), 0, "a step's update ended: the next iteration ends the step"},
+    {"explicit", T_BOOL, offsetof(State, explicit_), 0, "perfmon.step() ends steps"},
+    {"optimizers_seen", T_BOOL, offsetof(State, optimizers_seen), 0, "an optimizer exists: a backward ends no step"},
+    {"discovering", T_BOOL, offsetof(State, discovering), 0, "looking for the root modules"},
+    {"single", T_OBJECT, offsetof(State, single), 0, "id() of the loop's one optimizer, or None"},
+    {"sink", T_OBJECT, offsetof(State, sink), 0, "where events go while host timing is all there is, or None"},
+    {NULL},
+};
+
+static PyGetSetDef State_getset[] = {
+    {"ring", (getter)State_get_ring, (setter)State_set_ring, "the Ring events go to (the C hooks), or None"},
+    {"commands", (getter)State_get_commands, (setter)State_set_commands, "the agent's Commands, or None"},
+    {NULL},
+};
+
+static PyTypeObject StateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "perfmon.agent._hot.State",
+    .tp_doc = "The training thread's hot state, read by the C hooks as a struct (steps.Boundaries' base).",
+    .tp_basicsize = sizeof(State),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)State_traverse,
+    .tp_clear = (inquiry)State_clear,
+    .tp_dealloc = (destructor)State_dealloc,
+    .tp_members = State_members,
+    .tp_getset = State_getset,
+};
+
+static int CommandState_traverse(CommandState *self, visitproc visit, void *arg) {
+    Py_VISIT(self->window); Py_VISIT(self->flops_mode); Py_VISIT(self->memory); Py_VISIT(self->next_every);
+    Py_VISIT(self->next_time);
+    return 0;
+}
+
+static int CommandState_clear(CommandState *self) {
+    Py_CLEAR(self->window); Py_CLEAR(self->flops_mode); Py_CLEAR(self->memory); Py_CLEAR(self->next_every);
+    Py_CLEAR(self->next_time);
+    return 0;
+}
+
+static void CommandState_dealloc(CommandState *self) {
+    PyObject_GC_UnTrack(self);
+    CommandState_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef CommandState_members[] = {
+    {"boundaries", T_LONGLONG, offsetof(CommandState, boundaries), 0, "step boundaries so far"},
+    {"pending", T_BOOL, offsetof(CommandState, pending), 0, "a request waits for a step boundary"},
+    {"window", T_OBJECT, offsetof(CommandState, window), 0, "the profiler window being captured, or None"},
+    {"flops_mode", T_OBJECT, offsetof(CommandState, flops_mode), 0, "a FLOP count in progress, or None"},
+    {"memory", T_OBJECT, offsetof(CommandState, memory), 0, "the memory-snapshot flow, once asked for, or None"},
+    {"_next_every", T_OBJECT, offsetof(CommandState, next_every), 0, "the boundary of the next periodic window"},
+    {"_next_time", T_OBJECT, offsetof(CommandState, next_time), 0, "the monotonic time of the next one"},
+    {NULL},
+};
+
+static PyTypeObject CommandStateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "perfmon.agent._hot.CommandState",
+    .tp_doc = "What a step's end looks at of commands.Commands (its base), read by the C hooks as a struct.",
+    .tp_basicsize = sizeof(CommandState),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)CommandState_traverse,
+    .tp_clear = (inquiry)CommandState_clear,
+    .tp_dealloc = (destructor)CommandState_dealloc,
+    .tp_members = CommandState_members,
+};
+
+/* -- what every hook shares ------------------------------------------------------------------------------- */
+
+/* the fast path is on: host timing is all there is to record (Instrumentation.fast is set) */
+static inline int fast_on(State *st) { return st->ring != NULL || !is_none(st->sink); }
+
+/* A whole event tuple to the sink (the ring takes its compact form instead). -1 with an error set. */
+static int to_sink(State *st, PyObject *ev) {
+    PyObject *sink = Py_NewRef(st->sink);
+    PyObject *r = PyObject_CallOneArg(sink, ev);
+    Py_DECREF(sink);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The common case's event, now: a compact slot on the ring, else a tuple to the sink. -1 with an error set. */
+static int emit(State *st, int code, int tag, int kind, const void *ptr, long n) {
+    if (st->ring != NULL) return ring_push((Ring *)st->ring, code, tag, kind, ptr, n);
+    PyObject *arg = make_arg(tag, kind, ptr, n);
+    if (arg == NULL) return -1;
+    PyObject *ev = make_event(code, now(), arg);
+    Py_DECREF(arg);
+    if (ev == NULL) return -1;
+    int r = to_sink(st, ev);
+    Py_DECREF(ev);
+    return r;
+}
+
+/* The same, for an arg with no compact form. */
+static int emit_obj(State *st, int code, PyObject *arg) {
+    PyObject *ev = make_event(code, now(), arg);
+    if (ev == NULL) return -1;
+    int r;
+    if (st->ring != NULL) {
+        Slot *s = ring_next((Ring *)st->ring);
+        if (s == NULL) r = -1;
+        else { s->aux.obj = Py_NewRef(ev); s->tag = TAG_OBJ; r = 0; }
+    } else {
+        r = to_sink(st, ev);
+    }
+    Py_DECREF(ev);
+    return r;
 }
 
 /* inst.begin(phase) or inst.begin(phase, key=key): the Python hooks' slow path, which catches its own errors */
@@ -100,6 +474,26 @@ static void call_slow(PyObject *inst, PyObject *method, PyObject *phase, PyObjec
     else Py_DECREF(r);
 }
 
+/* The step ended: the commands' boundary. With the agent's Commands at hand, count the boundary and look at what
+ * could be due (the common case: nothing, and no Python call); else Instrumentation._boundary(). */
+static void step_ended(State *st, PyObject *inst) {
+    PyObject *r;
+    if (st->commands == NULL) {
+        r = PyObject_CallMethodNoArgs(inst, s_boundary);
+    } else {
+        CommandState *c = (CommandState *)st->commands;
+        c->boundaries++;
+        if (!c->pending && is_none(c->window) && is_none(c->flops_mode) && is_none(c->memory)
+            && is_none(c->next_every) && is_none(c->next_time))
+            return;
+        Py_INCREF(c);
+        r = PyObject_CallMethodNoArgs((PyObject *)c, s_after_count);
+        Py_DECREF(c);
+    }
+    if (r == NULL) report(inst);
+    Py_XDECREF(r);
+}
+
 /* hooks.batch_size: leading dimension of the first tensor found (a few containers deep); NULL with no error
  * for None. A failure of an odd batch type is None, as in Python (only non-Exception errors propagate). */
 static PyObject *batch_size(PyObject *batch, PyObject *tensor_type) {
@@ -107,23 +501,14 @@ static PyObject *batch_size(PyObject *batch, PyObject *tensor_type) {
     for (int depth = 0; depth < 4; depth++) {
         int is_tensor = PyObject_IsInstance(batch, tensor_type);
         if (is_tensor < 0) goto fail;
-        if (is_tensor) {
-            PyObject *dim = PyObject_CallMethodNoArgs(batch, s_dim);
-            if (dim == NULL) goto fail;
-            int nonzero = PyObject_IsTrue(dim);
-            Py_DECREF(dim);
-            if (nonzero < 0) goto fail;
-            if (!nonzero) { Py_DECREF(batch); return NULL; }
-            PyObject *shape = PyObject_GetAttr(batch, s_shape);
-            if (shape == NULL) goto fail;
-            PyObject *first = PySequence_GetItem(shape, 0);
-            Py_DECREF(shape);
-            if (first == NULL) goto fail;
-            PyObject *n = PyNumber_Long(first);
-            Py_DECREF(first);
-            if (n == NULL) goto fail;
+        if (is_tensor) {  /* batch.size(0): an IndexError for a 0-d tensor, which is None */
+            PyObject *n = PyObject_CallMethodOneArg(batch, s_size, zero);
             Py_DECREF(batch);
-            return n;
+            if (n == NULL) goto failed;
+            PyObject *r = PyNumber_Long(n);
+            Py_DECREF(n);
+            if (r == NULL) goto failed;
+            return r;
         }
         PyObject *next = NULL;
         if (PyList_Check(batch) || PyTuple_Check(batch)) {
@@ -154,37 +539,15 @@ static PyObject *batch_size(PyObject *batch, PyObject *tensor_type) {
     return NULL;
 fail:
     Py_DECREF(batch);
+failed:
     if (PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
     return NULL;
 }
 
-
-/* The step ended: the commands' boundary. With the agent's Commands at hand, count the boundary and look at what
- * could be due here (the common case: nothing, and no Python call); else Instrumentation._boundary(). */
-static void step_ended(PyObject *inst) {
-    PyObject *commands = PyObject_GetAttr(inst, s_commands);
-    if (commands == NULL) { report(inst); return; }
-    PyObject *r = NULL;
-    if (commands == Py_None) {
-        r = PyObject_CallMethodNoArgs(inst, s_boundary);
-    } else {
-        int err = 0;
-        long n = get_long(commands, s_boundaries, &err);
-        if (err || set_long(commands, s_boundaries, n + 1) < 0) { report(inst); Py_DECREF(commands); return; }
-        int idle = get_truth(commands, s_pending);  /* then each of these must be None */
-        if (idle >= 0) idle = !idle;
-        PyObject *const names[] = {s_window, s_flops_mode, s_memory, s_next_every, s_next_time};
-        for (size_t k = 0; idle > 0 && k < sizeof(names) / sizeof(names[0]); k++) {
-            PyObject *v = PyObject_GetAttr(commands, names[k]);
-            if (v == NULL) idle = -1;
-            else { idle = v == Py_None; Py_DECREF(v); }
-        }
-        if (idle < 0) { report(inst); Py_DECREF(commands); return; }
-        r = idle ? Py_NewRef(Py_None) : PyObject_CallMethodNoArgs(commands, s_after_count);
-    }
-    if (r == NULL) report(inst);
-    Py_XDECREF(r);
-    Py_DECREF(commands);
+static int check_state(PyObject *bounds) {
+    if (PyObject_TypeCheck(bounds, &StateType)) return 0;
+    PyErr_SetString(PyExc_TypeError, "bounds must be a perfmon.agent._hot.State (steps.Boundaries)");
+    return -1;
 }
 
 /* -- Timed: a wrapped function or method (DataLoader fetch, torch.autograd.backward) ------------------ */
@@ -192,49 +555,34 @@ static void step_ended(PyObject *inst) {
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *orig, *inst, *bounds, *phase, *clock, *tensor_type, *dict;
+    PyObject *orig, *inst, *bounds, *phase, *tensor_type, *dict;
     int kind;
 } Timed;
 
 static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Timed *self = (Timed *)op;
-    PyObject *inst = self->inst, *bounds = self->bounds;
+    PyObject *inst = self->inst;
+    State *st = (State *)self->bounds;
     int data = self->kind == KIND_DATA;
-    int err = 0;
+    int phase = data ? PH_DATA : PH_BACKWARD;
 
     /* begin: the common case inline, else Instrumentation.begin */
-    PyObject *fast = PyObject_GetAttr(inst, s_fast);
-    if (fast == NULL) { report(inst); fast = Py_NewRef(Py_None); }
-    int inline_begin = 0;
-    if (fast != Py_None) {
-        long depth = get_long(bounds, s_depth, &err);
-        int pending = err ? -1 : get_truth(bounds, s_pending);
-        if (err || pending < 0) report(inst);
-        else if (depth || !pending) {
-            inline_begin = 1;
-            if (set_long(bounds, s_depth, depth + 1) < 0
-                || append_event(fast, self->clock, code_begin, self->phase) < 0) report(inst);
-        }
+    if (fast_on(st) && (st->depth || !st->pending)) {
+        st->depth++;
+        if (emit(st, BEGIN, TAG_PHASE, phase, NULL, 0) < 0) report(inst);
+    } else {
+        call_slow(inst, s_begin, self->phase, NULL, NULL);
     }
-    Py_DECREF(fast);
-    if (!inline_begin) call_slow(inst, s_begin, self->phase, NULL, NULL);
-    if (data) {
-        err = 0;
-        long in_data = get_long(inst, s_in_data, &err);
-        if (err || set_long(inst, s_in_data, in_data + 1) < 0) report(inst);
-    }
+    if (data) st->in_data++;
 
     PyObject *result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
 
     /* end, whatever the call did (its exception is kept and re-raised) */
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    PyObject *end_arg = NULL;
+    PyObject *n = NULL;
     if (data) {
-        err = 0;
-        long in_data = get_long(inst, s_in_data, &err);
-        if (err || set_long(inst, s_in_data, in_data - 1) < 0) report(inst);
-        PyObject *n = NULL;
+        st->in_data--;
         if (result != NULL) {
             n = batch_size(result, self->tensor_type);
             if (n == NULL && PyErr_Occurred()) {  /* a KeyboardInterrupt while sizing: it goes up, as in Python */
@@ -243,46 +591,60 @@ static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t na
                 PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
             }
         }
-        end_arg = PyTuple_Pack(2, s_data, n != NULL ? n : Py_None);
-        Py_XDECREF(n);
-        if (end_arg == NULL) { report(inst); end_arg = Py_NewRef(Py_None); }
     }
-    fast = PyObject_GetAttr(inst, s_fast);
-    if (fast == NULL) { report(inst); fast = Py_NewRef(Py_None); }
     int inline_end = 0;
-    if (fast != Py_None) {
-        err = 0;
-        long depth = get_long(bounds, s_depth, &err);
-        if (err) report(inst);
-        else if (data) inline_end = depth != 0;  /* a fetch ends no step while a phase is open */
+    if (fast_on(st)) {
+        long depth = st->depth;
+        if (data) inline_end = depth != 0;  /* a fetch ends no step while a phase is open */
         else if (depth > 1) inline_end = 1;  /* a nested backward */
-        else if (depth == 1) {  /* a backward that cannot end a step: an optimizer exists */
-            int seen = get_truth(bounds, s_optimizers_seen);
-            if (seen < 0) report(inst);
-            else inline_end = seen;
-        }
-        if (inline_end && (set_long(bounds, s_depth, depth - 1) < 0
-                           || append_event(fast, self->clock, code_end, data ? end_arg : self->phase) < 0))
-            report(inst);
+        else if (depth == 1) inline_end = st->optimizers_seen;  /* a backward that cannot end a step */
     }
-    Py_DECREF(fast);
-    if (!inline_end) call_slow(inst, s_end, self->phase, data ? end_arg : NULL, NULL);
-    Py_XDECREF(end_arg);
+    if (inline_end) {
+        st->depth--;
+        int r;
+        if (!data) {
+            r = emit(st, END, TAG_PHASE, PH_BACKWARD, NULL, 0);
+        } else if (n == NULL) {
+            r = emit(st, END, TAG_DATA_NONE, 0, NULL, 0);
+        } else {
+            long value = PyLong_AsLong(n);
+            if (value == -1 && PyErr_Occurred()) {  /* no C long: the tuple itself */
+                PyErr_Clear();
+                PyObject *arg = PyTuple_Pack(2, self->phase, n);
+                r = arg == NULL ? -1 : emit_obj(st, END, arg);
+                Py_XDECREF(arg);
+            } else {
+                r = emit(st, END, TAG_DATA, 0, NULL, value);
+            }
+        }
+        if (r < 0) report(inst);
+    } else if (data) {
+        PyObject *arg = PyTuple_Pack(2, self->phase, n != NULL ? n : Py_None);
+        if (arg == NULL) report(inst);
+        else {
+            call_slow(inst, s_end, self->phase, arg, NULL);
+            Py_DECREF(arg);
+        }
+    } else {
+        call_slow(inst, s_end, self->phase, NULL, NULL);
+    }
+    Py_XDECREF(n);
     PyErr_Restore(exc_type, exc_value, exc_tb);
     return result;
 }
 
 static PyObject *Timed_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *orig, *inst, *bounds, *phase, *clock, *tensor_type;
+    PyObject *orig, *inst, *bounds, *phase, *tensor_type;
     int kind;
-    static char *names[] = {"orig", "inst", "bounds", "phase", "kind", "clock", "tensor_type", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOiOO", names, &orig, &inst, &bounds, &phase, &kind,
-                                     &clock, &tensor_type))
+    static char *names[] = {"orig", "inst", "bounds", "phase", "kind", "tensor_type", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOUiO", names, &orig, &inst, &bounds, &phase, &kind,
+                                     &tensor_type))
         return NULL;
     if (kind != KIND_DATA && kind != KIND_BACKWARD) {
         PyErr_SetString(PyExc_ValueError, "kind must be DATA or BACKWARD");
         return NULL;
     }
+    if (check_state(bounds) < 0) return NULL;
     Timed *self = (Timed *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     self->vectorcall = Timed_vectorcall;
@@ -290,7 +652,6 @@ static PyObject *Timed_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     self->inst = Py_NewRef(inst);
     self->bounds = Py_NewRef(bounds);
     self->phase = Py_NewRef(phase);
-    self->clock = Py_NewRef(clock);
     self->tensor_type = Py_NewRef(tensor_type);
     self->kind = kind;
     return (PyObject *)self;
@@ -298,13 +659,13 @@ static PyObject *Timed_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 
 static int Timed_traverse(Timed *self, visitproc visit, void *arg) {
     Py_VISIT(self->orig); Py_VISIT(self->inst); Py_VISIT(self->bounds); Py_VISIT(self->phase);
-    Py_VISIT(self->clock); Py_VISIT(self->tensor_type); Py_VISIT(self->dict);
+    Py_VISIT(self->tensor_type); Py_VISIT(self->dict);
     return 0;
 }
 
 static int Timed_clear(Timed *self) {
     Py_CLEAR(self->orig); Py_CLEAR(self->inst); Py_CLEAR(self->bounds); Py_CLEAR(self->phase);
-    Py_CLEAR(self->clock); Py_CLEAR(self->tensor_type); Py_CLEAR(self->dict);
+    Py_CLEAR(self->tensor_type); Py_CLEAR(self->dict);
     return 0;
 }
 
@@ -354,109 +715,96 @@ static PyTypeObject TimedType = {
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *inst, *bounds, *known, *clock;
+    PyObject *inst, *bounds, *known;
     int post;
 } OptimizerHook;
 
+/* opt is the loop's one optimizer (bounds.single), without making its id */
+static int is_single(State *st, PyObject *opt) {
+    PyObject *single = st->single;
+    if (single == NULL || !PyLong_CheckExact(single)) return 0;
+    void *p = PyLong_AsVoidPtr(single);
+    if (p == NULL && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    return p == (void *)opt;
+}
+
 static PyObject *OptimizerHook_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     OptimizerHook *self = (OptimizerHook *)op;
-    PyObject *inst = self->inst, *bounds = self->bounds;
+    PyObject *inst = self->inst;
+    State *st = (State *)self->bounds;
     if (PyVectorcall_NARGS(nargsf) < 1) {
         PyErr_SetString(PyExc_TypeError, "an optimizer step hook takes (optimizer, args, kwargs)");
         return NULL;
     }
     PyObject *opt = args[0];
-    PyObject *key = PyLong_FromVoidPtr(opt);  /* id(opt) */
-    if (key == NULL) { report(inst); Py_RETURN_NONE; }
-    PyObject *fast = PyObject_GetAttr(inst, s_fast);
-    if (fast == NULL) { report(inst); fast = Py_NewRef(Py_None); }
-    int err = 0;
+    int single = is_single(st, opt);
+    PyObject *key = NULL;  /* id(opt), made only where needed */
     if (!self->post) {
-        int known = PySet_Contains(self->known, key);
-        if (known < 0) report(inst);
-        else if (!known) {
-            PyObject *r = PyObject_CallMethodOneArg(inst, s_note_optimizer, opt);
-            if (r == NULL) report(inst);
-            else Py_DECREF(r);
-        }
-        int done = 0;
-        if (fast != Py_None) {
-            long depth = get_long(bounds, s_depth, &err);
-            int pending = err ? -1 : get_truth(bounds, s_pending);
-            if (err || pending < 0) report(inst);
-            else if (depth || !pending) {
-                done = 1;
-                if (set_long(bounds, s_depth, depth + 1) < 0
-                    || append_event(fast, self->clock, code_begin, s_optimizer) < 0) report(inst);
+        if (!single) {  /* an optimizer perfmon has not seen (made before instrument(), say) */
+            key = PyLong_FromVoidPtr(opt);
+            int known = key == NULL ? -1 : PySet_Contains(self->known, key);
+            if (known < 0) report(inst);
+            else if (!known) {
+                PyObject *r = PyObject_CallMethodOneArg(inst, s_note_optimizer, opt);
+                if (r == NULL) report(inst);
+                else Py_DECREF(r);
             }
         }
-        if (!done) call_slow(inst, s_begin, s_optimizer, Py_None, key);
-    } else {
+        if (fast_on(st) && (st->depth || !st->pending)) {
+            st->depth++;
+            if (emit(st, BEGIN, TAG_PHASE, PH_OPTIMIZER, NULL, 0) < 0) report(inst);
+        } else if (key != NULL || (key = PyLong_FromVoidPtr(opt)) != NULL) {
+            call_slow(inst, s_begin, phase_names[PH_OPTIMIZER], Py_None, key);
+        } else {
+            report(inst);
+        }
+    } else if (single && fast_on(st) && st->depth == 1 && !st->explicit_) {
         /* the loop's one optimizer, at top level: its step ends the training step (Boundaries.end's fast case) */
-        int done = 0;
-        if (fast != Py_None) {
-            PyObject *single = PyObject_GetAttr(bounds, s_single);
-            int same = single == NULL ? -1 : PyObject_RichCompareBool(key, single, Py_EQ);
-            Py_XDECREF(single);
-            long depth = same > 0 ? get_long(bounds, s_depth, &err) : 0;
-            int explicit_ = (same > 0 && !err && depth == 1) ? get_truth(bounds, s_explicit) : 1;
-            if (same < 0 || err || explicit_ < 0) report(inst);
-            else if (same && depth == 1 && !explicit_) {
-                done = 1;
-                PyObject *arg = PyTuple_Pack(2, s_optimizer, key);
-                if (arg == NULL || set_long(bounds, s_depth, 0) < 0
-                    || append_event(fast, self->clock, code_end_boundary, arg) < 0) report(inst);
-                Py_XDECREF(arg);
-                int discovering = get_truth(inst, s_discovering);
-                PyObject *r = NULL;
-                if (discovering < 0) report(inst);
-                else if (discovering) {
-                    r = PyObject_CallMethodNoArgs(inst, s_finish_discovery);
-                    if (r == NULL) report(inst);
-                    Py_XDECREF(r);
-                }
-                step_ended(inst);
-            }
+        st->depth = 0;
+        if (emit(st, END_BOUNDARY, TAG_OPTIMIZER, 0, opt, 0) < 0) report(inst);
+        if (st->discovering) {
+            PyObject *r = PyObject_CallMethodNoArgs(inst, s_finish_discovery);
+            if (r == NULL) report(inst);
+            Py_XDECREF(r);
         }
-        if (!done) {
-            PyObject *arg = PyTuple_Pack(2, s_optimizer, key);
-            if (arg == NULL) report(inst);
-            else {
-                call_slow(inst, s_end, s_optimizer, arg, key);
-                Py_DECREF(arg);
-            }
+        step_ended(st, inst);
+    } else {
+        key = PyLong_FromVoidPtr(opt);
+        PyObject *arg = key == NULL ? NULL : PyTuple_Pack(2, phase_names[PH_OPTIMIZER], key);
+        if (arg == NULL) report(inst);
+        else {
+            call_slow(inst, s_end, phase_names[PH_OPTIMIZER], arg, key);
+            Py_DECREF(arg);
         }
     }
-    Py_DECREF(fast);
-    Py_DECREF(key);
+    Py_XDECREF(key);
     Py_RETURN_NONE;
 }
 
 static PyObject *OptimizerHook_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *inst, *bounds, *known, *clock;
+    PyObject *inst, *bounds, *known;
     int post;
-    static char *names[] = {"inst", "bounds", "known", "clock", "post", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!Op", names, &inst, &bounds, &PySet_Type, &known, &clock,
-                                     &post))
+    static char *names[] = {"inst", "bounds", "known", "post", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!p", names, &inst, &bounds, &PySet_Type, &known, &post))
         return NULL;
+    if (check_state(bounds) < 0) return NULL;
     OptimizerHook *self = (OptimizerHook *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     self->vectorcall = OptimizerHook_vectorcall;
     self->inst = Py_NewRef(inst);
     self->bounds = Py_NewRef(bounds);
     self->known = Py_NewRef(known);
-    self->clock = Py_NewRef(clock);
     self->post = post;
     return (PyObject *)self;
 }
 
 static int OptimizerHook_traverse(OptimizerHook *self, visitproc visit, void *arg) {
-    Py_VISIT(self->inst); Py_VISIT(self->bounds); Py_VISIT(self->known); Py_VISIT(self->clock);
+    Py_VISIT(self->inst); Py_VISIT(self->bounds); Py_VISIT(self->known);
     return 0;
 }
 
 static int OptimizerHook_clear(OptimizerHook *self) {
-    Py_CLEAR(self->inst); Py_CLEAR(self->bounds); Py_CLEAR(self->known); Py_CLEAR(self->clock);
+    Py_CLEAR(self->inst); Py_CLEAR(self->bounds); Py_CLEAR(self->known);
     return 0;
 }
 
@@ -492,7 +840,7 @@ static PyTypeObject OptimizerHookType = {
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *inst, *bounds, *roots, *clock, *grad_enabled;
+    PyObject *inst, *bounds, *roots, *grad_enabled;
 } Forward;
 
 
@@ -509,124 +857,108 @@ static int weakref_is(PyObject *ref, PyObject *obj) {
 #endif
 }
 
+/* orig(mod, *args, **kwargs) */
 static PyObject *call_orig(PyObject *orig, PyObject *mod, PyObject *args, PyObject *kwargs) {
     Py_ssize_t n = PyTuple_GET_SIZE(args);
+    PyObject *kw = kwargs != Py_None ? kwargs : NULL;
+    if (n < 8) {  /* on the stack, no tuple made */
+        PyObject *stack[8];
+        stack[0] = mod;
+        for (Py_ssize_t i = 0; i < n; i++) stack[i + 1] = PyTuple_GET_ITEM(args, i);
+        return PyObject_VectorcallDict(orig, stack, (size_t)(n + 1), kw);
+    }
     PyObject *full = PyTuple_New(n + 1);
     if (full == NULL) return NULL;
     PyTuple_SET_ITEM(full, 0, Py_NewRef(mod));
     for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(full, i + 1, Py_NewRef(PyTuple_GET_ITEM(args, i)));
-    PyObject *r = PyObject_Call(orig, full, kwargs != Py_None ? kwargs : NULL);
+    PyObject *r = PyObject_Call(orig, full, kw);
     Py_DECREF(full);
     return r;
 }
 
 static PyObject *Forward_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Forward *self = (Forward *)op;
-    PyObject *inst = self->inst, *bounds = self->bounds;
+    PyObject *inst = self->inst;
+    State *st = (State *)self->bounds;
     if (PyVectorcall_NARGS(nargsf) != 4 || kwnames != NULL || !PyTuple_Check(args[2])
         || (args[3] != Py_None && !PyDict_Check(args[3]))) {
         PyErr_SetString(PyExc_TypeError, "forward(orig, module, args: tuple, kwargs: dict | None)");
         return NULL;
     }
     PyObject *orig = args[0], *mod = args[1];
-    int err = 0;
-    long in_root = get_long(inst, s_in_root, &err);
-    long in_data = err ? 0 : get_long(inst, s_in_data, &err);
-    if (err) { report(inst); return call_orig(orig, mod, args[2], args[3]); }
-    if (in_root || in_data) return call_orig(orig, mod, args[2], args[3]);
+    if (st->in_root || st->in_data) return call_orig(orig, mod, args[2], args[3]);
 
     /* begin */
-    PyObject *begin_arg = NULL, *kind_obj = NULL;
-    PyObject *key = PyLong_FromVoidPtr(mod);
-    PyObject *grad = key == NULL ? NULL : PyObject_CallNoArgs(self->grad_enabled);
+    PyObject *grad = PyObject_CallNoArgs(self->grad_enabled);
     int is_grad = grad == NULL ? -1 : PyObject_IsTrue(grad);
     Py_XDECREF(grad);
-    long kind = GRAD;
+    int kind = GRAD;
     if (is_grad == 0) {  /* another instance of the model's class: a copy (EMA) or a sibling */
-        PyObject *ref = PyDict_GetItemWithError(self->roots, key);
+        PyObject *key = PyLong_FromVoidPtr(mod);
+        PyObject *ref = key == NULL ? NULL : PyDict_GetItemWithError(self->roots, key);
+        Py_XDECREF(key);
         if (ref == NULL && PyErr_Occurred()) is_grad = -1;
         kind = ref != NULL && PyWeakref_Check(ref) && weakref_is(ref, mod) ? NOGRAD : COPY;
     }
-    if (is_grad >= 0 && (kind_obj = PyLong_FromLong(kind)) != NULL)
-        begin_arg = PyTuple_Pack(3, s_forward, key, kind_obj);
-    if (begin_arg == NULL) {  /* perfmon's own failure: the call goes on untimed */
+    if (is_grad < 0) {  /* perfmon's own failure: the call goes on untimed */
         report(inst);
-        Py_XDECREF(key); Py_XDECREF(kind_obj);
         return call_orig(orig, mod, args[2], args[3]);
     }
-    PyObject *fast = PyObject_GetAttr(inst, s_fast);
-    if (fast == NULL) { report(inst); fast = Py_NewRef(Py_None); }
-    int inline_begin = 0;
-    if (fast != Py_None) {
-        long depth = get_long(bounds, s_depth, &err);
-        int pending = err ? -1 : get_truth(bounds, s_pending);
-        if (err || pending < 0) report(inst);
-        else if (depth || !pending) {
-            inline_begin = 1;
-            if (set_long(bounds, s_depth, depth + 1) < 0
-                || append_event(fast, self->clock, code_begin, begin_arg) < 0) report(inst);
+    if (fast_on(st) && (st->depth || !st->pending)) {
+        st->depth++;
+        if (emit(st, BEGIN, TAG_FORWARD, kind, mod, 0) < 0) report(inst);
+    } else {
+        PyObject *begin_arg = make_arg(TAG_FORWARD, kind, mod, 0);
+        PyObject *kind_obj = begin_arg == NULL ? NULL : Py_NewRef(PyTuple_GET_ITEM(begin_arg, 2));
+        if (begin_arg == NULL) {
+            report(inst);
+            return call_orig(orig, mod, args[2], args[3]);
         }
+        call_slow(inst, s_begin, phase_names[PH_FORWARD], begin_arg, kind_obj);
+        Py_DECREF(begin_arg); Py_DECREF(kind_obj);
     }
-    Py_DECREF(fast);
-    if (!inline_begin) call_slow(inst, s_begin, s_forward, begin_arg, kind_obj);
-    Py_DECREF(begin_arg); Py_DECREF(kind_obj); Py_DECREF(key);
-    err = 0;
-    in_root = get_long(inst, s_in_root, &err);
-    if (err || set_long(inst, s_in_root, in_root + 1) < 0) report(inst);
+    st->in_root++;
 
     PyObject *result = call_orig(orig, mod, args[2], args[3]);
 
     /* end, whatever the call did */
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    err = 0;
-    in_root = get_long(inst, s_in_root, &err);
-    if (err || set_long(inst, s_in_root, in_root - 1) < 0) report(inst);
-    fast = PyObject_GetAttr(inst, s_fast);
-    if (fast == NULL) { report(inst); fast = Py_NewRef(Py_None); }
-    int inline_end = 0;
-    if (fast != Py_None) {
-        err = 0;
-        long depth = get_long(bounds, s_depth, &err);
-        if (err) report(inst);
-        else if (depth) {  /* a forward ends no step while a phase is open */
-            inline_end = 1;
-            if (set_long(bounds, s_depth, depth - 1) < 0
-                || append_event(fast, self->clock, code_end, s_forward) < 0) report(inst);
-        }
+    st->in_root--;
+    if (fast_on(st) && st->depth) {  /* a forward ends no step while a phase is open */
+        st->depth--;
+        if (emit(st, END, TAG_PHASE, PH_FORWARD, NULL, 0) < 0) report(inst);
+    } else {
+        call_slow(inst, s_end, phase_names[PH_FORWARD], NULL, NULL);
     }
-    Py_DECREF(fast);
-    if (!inline_end) call_slow(inst, s_end, s_forward, NULL, NULL);
     PyErr_Restore(exc_type, exc_value, exc_tb);
     return result;
 }
 
 static PyObject *Forward_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *inst, *bounds, *roots, *clock, *grad_enabled;
-    static char *names[] = {"inst", "bounds", "roots", "clock", "grad_enabled", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!OO", names, &inst, &bounds, &PyDict_Type, &roots, &clock,
+    PyObject *inst, *bounds, *roots, *grad_enabled;
+    static char *names[] = {"inst", "bounds", "roots", "grad_enabled", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO!O", names, &inst, &bounds, &PyDict_Type, &roots,
                                      &grad_enabled))
         return NULL;
+    if (check_state(bounds) < 0) return NULL;
     Forward *self = (Forward *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     self->vectorcall = Forward_vectorcall;
     self->inst = Py_NewRef(inst);
     self->bounds = Py_NewRef(bounds);
     self->roots = Py_NewRef(roots);
-    self->clock = Py_NewRef(clock);
     self->grad_enabled = Py_NewRef(grad_enabled);
     return (PyObject *)self;
 }
 
 static int Forward_traverse(Forward *self, visitproc visit, void *arg) {
-    Py_VISIT(self->inst); Py_VISIT(self->bounds); Py_VISIT(self->roots); Py_VISIT(self->clock);
-    Py_VISIT(self->grad_enabled);
+    Py_VISIT(self->inst); Py_VISIT(self->bounds); Py_VISIT(self->roots); Py_VISIT(self->grad_enabled);
     return 0;
 }
 
 static int Forward_clear(Forward *self) {
-    Py_CLEAR(self->inst); Py_CLEAR(self->bounds); Py_CLEAR(self->roots); Py_CLEAR(self->clock);
-    Py_CLEAR(self->grad_enabled);
+    Py_CLEAR(self->inst); Py_CLEAR(self->bounds); Py_CLEAR(self->roots); Py_CLEAR(self->grad_enabled);
     return 0;
 }
 
@@ -652,34 +984,39 @@ static PyTypeObject ForwardType = {
 
 /* -- module --------------------------------------------------------------------------------------- */
 
+static PyObject *hot_clock(PyObject *m, PyObject *Py_UNUSED(ignored)) { return PyFloat_FromDouble(now()); }
+
+static PyMethodDef hot_methods[] = {
+    {"clock", hot_clock, METH_NOARGS, "The hooks' clock: time.perf_counter()'s, read as the C hooks read it."},
+    {NULL},
+};
+
 static struct PyModuleDef hot_module = {
     PyModuleDef_HEAD_INIT, "perfmon.agent._hot",
-    "perfmon's hook hot path in C (optional; hooks.py has the same hooks in Python).", -1, NULL,
+    "perfmon's hook hot path in C (optional; hooks.py has the same hooks in Python).", -1, hot_methods,
 };
 
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
 
 PyMODINIT_FUNC PyInit__hot(void) {
-    INTERN(s_fast, "fast"); INTERN(s_depth, "depth"); INTERN(s_pending, "pending");
-    INTERN(s_optimizers_seen, "optimizers_seen"); INTERN(s_in_data, "_in_data"); INTERN(s_begin, "begin");
-    INTERN(s_end, "end"); INTERN(s_on_error, "_on_error"); INTERN(s_hooks, "hooks"); INTERN(s_single, "single");
-    INTERN(s_explicit, "explicit"); INTERN(s_discovering, "_discovering");
+    INTERN(s_on_error, "_on_error"); INTERN(s_hooks, "hooks"); INTERN(s_begin, "begin"); INTERN(s_end, "end");
     INTERN(s_finish_discovery, "finish_discovery"); INTERN(s_boundary, "_boundary");
-    INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_dim, "dim"); INTERN(s_shape, "shape");
-    INTERN(s_values, "values"); INTERN(s_data, "data"); INTERN(s_optimizer, "optimizer"); INTERN(s_key, "key");
-    INTERN(s_forward, "forward"); INTERN(s_in_root, "_in_root");
-    INTERN(s_commands, "commands"); INTERN(s_boundaries, "boundaries"); INTERN(s_window, "window");
-    INTERN(s_flops_mode, "flops_mode"); INTERN(s_memory, "memory"); INTERN(s_next_every, "_next_every");
-    INTERN(s_next_time, "_next_time"); INTERN(s_after_count, "after_count");
-    if ((kw_key = PyTuple_Pack(1, s_key)) == NULL) return NULL;
-    if ((code_begin = PyLong_FromLong(BEGIN)) == NULL || (code_end = PyLong_FromLong(END)) == NULL
-        || (code_end_boundary = PyLong_FromLong(END_BOUNDARY)) == NULL)
-        return NULL;
-    if (PyType_Ready(&TimedType) < 0 || PyType_Ready(&OptimizerHookType) < 0 || PyType_Ready(&ForwardType) < 0)
+    INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_size, "size"); INTERN(s_values, "values");
+    INTERN(s_key, "key"); INTERN(s_after_count, "after_count");
+    INTERN(phase_names[PH_DATA], "data"); INTERN(phase_names[PH_FORWARD], "forward");
+    INTERN(phase_names[PH_BACKWARD], "backward"); INTERN(phase_names[PH_OPTIMIZER], "optimizer");
+    if ((kw_key = PyTuple_Pack(1, s_key)) == NULL || (zero = PyLong_FromLong(0)) == NULL) return NULL;
+    for (int i = 0; i < 8; i++)
+        if ((codes[i] = PyLong_FromLong(i)) == NULL) return NULL;
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&StateType) < 0 || PyType_Ready(&CommandStateType) < 0
+        || PyType_Ready(&TimedType) < 0 || PyType_Ready(&OptimizerHookType) < 0 || PyType_Ready(&ForwardType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&hot_module);
     if (m == NULL) return NULL;
-    if (PyModule_AddObjectRef(m, "Timed", (PyObject *)&TimedType) < 0
+    if (PyModule_AddObjectRef(m, "Ring", (PyObject *)&RingType) < 0
+        || PyModule_AddObjectRef(m, "State", (PyObject *)&StateType) < 0
+        || PyModule_AddObjectRef(m, "CommandState", (PyObject *)&CommandStateType) < 0
+        || PyModule_AddObjectRef(m, "Timed", (PyObject *)&TimedType) < 0
         || PyModule_AddObjectRef(m, "OptimizerHook", (PyObject *)&OptimizerHookType) < 0
         || PyModule_AddObjectRef(m, "Forward", (PyObject *)&ForwardType) < 0
         || PyModule_AddIntConstant(m, "DATA", KIND_DATA) < 0

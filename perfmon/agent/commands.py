@@ -15,9 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import protocol
+from perfmon.agent.native import CommandFields
 
 
-class Commands:
+class Commands(CommandFields):
+    """The commands' queue and state. What a step's end looks at (``boundaries``, ``pending``, ``window``,
+    ``flops_mode``, ``memory``, ``_next_every``, ``_next_time``) is its base's: C struct members where the C hot
+    path was built, so the C hooks count a boundary and see that nothing is due without a Python call."""
+
     def __init__(self, agent: Any, config: dict[str, Any]) -> None:
         self.agent = agent
         self.run_dir: Path = agent.run_dir

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import os
 import weakref
 from collections.abc import Callable, Iterator
 from time import perf_counter
@@ -30,6 +29,7 @@ from typing import Any
 
 import torch
 
+from perfmon.agent.native import HOT, accelerator
 from perfmon.agent.steps import (
     BEGIN,
     BOUNDARY,
@@ -73,17 +73,6 @@ def loader_settings(loader: Any) -> dict[str, Any]:
     }
 
 
-def accelerator() -> Any:
-    """The C hot path (``perfmon.agent._hot``), or None: not built here, or ``PERFMON_NO_ACCEL=1``."""
-    if os.environ.get("PERFMON_NO_ACCEL"):
-        return None
-    try:
-        from perfmon.agent import _hot
-    except ImportError:
-        return None
-    return _hot
-
-
 def _compiling() -> Callable[[], bool]:
     """``torch.compiler.is_compiling`` where it exists (dynamo folds it to True while tracing)."""
     fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
@@ -97,21 +86,17 @@ class Instrumentation:
                  boundary: Callable[[], None] = lambda: None, accelerated: bool = True, commands: Any = None) -> None:
         self._emit = emit
         #: the agent's Commands, whose ``boundary`` is ``boundary``: the C hot path makes its idle check itself
-        self.commands = commands
         #: the C twins of the fetch, backward and optimizer hooks (same events, no Python frame), where built
         self._hot = accelerator() if accelerated else None
-        self.fast: Callable[[tuple[int, float, Any, Any]], None] | None = None
         self._boundary = boundary
         self._on_error = on_error
         self._undo: list[Callable[[], None]] = []
         self.bounds = Boundaries()
+        self.commands = commands
         self.unavailable: list[str] = []  # what this torch lacks: measured as "not measured"
-        self._discovering = False
         #: classes whose __call__ perfmon wrapped: original, wrapper, whether the class defined it itself
         self._calls: dict[type, tuple[Any, Callable, bool]] = {}
         self._module_depth = 0  # module calls open on the training thread (discovery only)
-        self._in_data = 0  # inside a DataLoader fetch: module calls there are transforms, not the model
-        self._in_root = 0  # inside a root's forward: same-class submodules are not roots
         self._top_calls = 0
         self._candidates: dict[int, torch.nn.Module] = {}
         self._root_refs: dict[int, weakref.ref[torch.nn.Module]] = {}
@@ -120,10 +105,33 @@ class Instrumentation:
         self._optimizer_ids: set[int] = set()  # ids of ``optimizers``: the step hook's cheap "seen it" test
         self.loaders: dict[int, dict[str, Any]] = {}
 
+    @property
+    def commands(self) -> Any:
+        """The agent's Commands, whose ``boundary`` is ``boundary``: the C hot path makes its idle check itself."""
+        return self.bounds.commands
+
+    @commands.setter
+    def commands(self, commands: Any) -> None:
+        self.bounds.commands = commands
+
+    @property
+    def fast(self) -> Callable[[tuple[int, float, Any, Any]], None] | None:
+        """The event buffer's ``append`` while host timing is all there is to record, else None (the agent clears
+        it for CUDA marks, at exit and in forked workers; then ``emit`` decides). Kept in ``bounds.sink``; where
+        it is a ``_hot.Ring``'s, the C hooks write to that ring directly (``bounds.ring``)."""
+        return self.bounds.sink
+
+    @fast.setter
+    def fast(self, append: Callable[[tuple[int, float, Any, Any]], None] | None) -> None:
+        bounds = self.bounds
+        owner = getattr(append, "__self__", None)
+        bounds.ring = None
+        bounds.sink = append
+        if HOT is not None and type(owner) is HOT.Ring:
+            bounds.ring = owner
+
     # -- the one path every hook takes -------------------------------------------------------
-    # Kept lean: every training step passes here a few times. ``fast`` is the event buffer's append while
-    # host timing is all there is to record (the agent clears it for CUDA marks, at exit and in forked
-    # workers; then ``emit`` decides).
+    # Kept lean: every training step passes here a few times.
     def begin(self, phase: str, arg: Any = None, key: Any = None) -> None:
         """A phase begins on the training thread (commits the previous step if it is over)."""
         try:
@@ -132,7 +140,7 @@ class Instrumentation:
                 bounds.depth += 1  # nested, or no step waiting to end: nothing to decide (the common case)
             elif bounds.begin(phase, key):
                 self._commit()
-            fast = self.fast
+            fast = bounds.sink
             if fast is not None:
                 fast((BEGIN, perf_counter(), phase if arg is None else arg, None))
             else:
@@ -153,7 +161,7 @@ class Instrumentation:
             else:
                 commit = bounds.end(phase, key)
             code = END_BOUNDARY if commit else END
-            fast = self.fast
+            fast = bounds.sink
             if fast is not None:
                 fast((code, perf_counter(), phase if arg is None else arg, None))
             else:
@@ -165,7 +173,7 @@ class Instrumentation:
 
     def _commit(self) -> None:
         """A step is over: tell the tracker, end discovery after the first, run pending commands."""
-        fast = self.fast
+        fast = self.bounds.sink
         if fast is not None:
             fast((BOUNDARY, perf_counter(), None, None))
         else:
@@ -174,14 +182,14 @@ class Instrumentation:
 
     def _committed(self) -> None:
         """After a step boundary was recorded: end discovery after the first step, run pending commands."""
-        if self._discovering:
+        if self.bounds.discovering:
             self.finish_discovery()
         self._boundary()
 
     def explicit_step(self) -> None:
         """The script called ``perfmon.step()``: from now on only its calls end steps."""
         self.bounds.explicit = True
-        if self._discovering:
+        if self.bounds.discovering:
             self.finish_discovery()
 
     # -- install -------------------------------------------------------------------------
@@ -197,7 +205,7 @@ class Instrumentation:
         self._find_existing_optimizers()
 
     def uninstall(self) -> None:
-        self._discovering = False
+        self.bounds.discovering = False
         for cls in list(self._calls):
             try:
                 self._unwrap_call(cls)
@@ -230,13 +238,13 @@ class Instrumentation:
         hot = self._hot
         if hot is not None:
             self._patch(dataloader._BaseDataLoaderIter, "__next__",
-                        lambda orig: hot.Timed(orig, self, bounds, "data", hot.DATA, perf_counter, torch.Tensor))
+                        lambda orig: hot.Timed(orig, self, bounds, "data", hot.DATA, torch.Tensor))
             self._patch(dataloader.DataLoader, "__iter__", self._loader_iter)
             return
 
         def make(orig: Callable) -> Callable:
             def __next__(it: Any) -> Any:
-                fast = self.fast
+                fast = bounds.sink
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1
                     try:
@@ -245,7 +253,7 @@ class Instrumentation:
                         self._on_error("hooks", exc)
                 else:
                     self.begin("data")
-                self._in_data += 1
+                bounds.in_data += 1
                 n = None
                 try:
                     batch = orig(it)
@@ -255,8 +263,8 @@ class Instrumentation:
                         n = None
                     return batch
                 finally:
-                    self._in_data -= 1
-                    fast = self.fast
+                    bounds.in_data -= 1
+                    fast = bounds.sink
                     depth = bounds.depth
                     if fast is not None and depth:  # a fetch ends no step while a phase is open
                         bounds.depth = depth - 1
@@ -287,12 +295,12 @@ class Instrumentation:
         hot = self._hot
         if hot is not None:
             self._patch(torch.autograd, "backward",
-                        lambda orig: hot.Timed(orig, self, bounds, "backward", hot.BACKWARD, perf_counter, torch.Tensor))
+                        lambda orig: hot.Timed(orig, self, bounds, "backward", hot.BACKWARD, torch.Tensor))
             return
 
         def make(orig: Callable) -> Callable:
             def backward(*args: Any, **kwargs: Any) -> Any:
-                fast = self.fast
+                fast = bounds.sink
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1
                     try:
@@ -304,7 +312,7 @@ class Instrumentation:
                 try:
                     return orig(*args, **kwargs)
                 finally:
-                    fast = self.fast
+                    fast = bounds.sink
                     depth = bounds.depth
                     if fast is not None and (depth > 1 or (depth == 1 and bounds.optimizers_seen)):
                         bounds.depth = depth - 1  # nested, or a backward that cannot end a step
@@ -329,7 +337,7 @@ class Instrumentation:
             key = id(opt)
             if key not in known:
                 self._note_optimizer(opt)
-            fast = self.fast
+            fast = bounds.sink
             if fast is not None and (bounds.depth or not bounds.pending):
                 bounds.depth += 1
                 try:
@@ -341,13 +349,13 @@ class Instrumentation:
 
         def post_hook(opt: Any, args: Any, kwargs: Any) -> None:
             key = id(opt)
-            fast = self.fast
+            fast = bounds.sink
             # the loop's one optimizer, at top level: its step ends the training step (Boundaries.end's fast case)
             if fast is not None and key == bounds.single and bounds.depth == 1 and not bounds.explicit:
                 try:
                     bounds.depth = 0
                     fast((END_BOUNDARY, perf_counter(), ("optimizer", key), None))
-                    if self._discovering:
+                    if bounds.discovering:
                         self.finish_discovery()
                     self._boundary()
                 except Exception as exc:  # noqa: BLE001 - never into training
@@ -357,8 +365,8 @@ class Instrumentation:
 
         hot = self._hot
         if hot is not None:
-            pre_hook = hot.OptimizerHook(self, bounds, known, perf_counter, False)  # type: ignore[assignment]
-            post_hook = hot.OptimizerHook(self, bounds, known, perf_counter, True)  # type: ignore[assignment]
+            pre_hook = hot.OptimizerHook(self, bounds, known, False)  # type: ignore[assignment]
+            post_hook = hot.OptimizerHook(self, bounds, known, True)  # type: ignore[assignment]
         pre = optim_mod.register_optimizer_step_pre_hook(pre_hook)
         post = optim_mod.register_optimizer_step_post_hook(post_hook)
         self._undo.append(pre.remove)
@@ -489,12 +497,13 @@ class Instrumentation:
     def _start_discovery(self) -> None:
         compiling = _compiling()
         inst = self
+        bounds = self.bounds
 
         def make(original: Callable) -> Callable:
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 if compiling():  # first, alone: dynamo folds it and reads nothing of perfmon's
                     return original(mod, *args, **kwargs)
-                if not inst._discovering or inst._module_depth or inst._in_data or inst._in_root:
+                if not bounds.discovering or inst._module_depth or bounds.in_data or bounds.in_root:
                     inst._module_depth += 1
                     try:
                         return original(mod, *args, **kwargs)
@@ -519,17 +528,17 @@ class Instrumentation:
             return __call__
 
         self._wrap_call(torch.nn.Module, make)
-        self._discovering = True
+        self.bounds.discovering = True
 
     def _stop_discovery(self) -> None:
-        if self._discovering:
-            self._discovering = False
+        if self.bounds.discovering:
+            self.bounds.discovering = False
             if torch.nn.Module in self._calls:
                 self._unwrap_call(torch.nn.Module)
 
     def finish_discovery(self) -> None:
         """Time the roots found so far and unwrap ``nn.Module.__call__``. Training thread only."""
-        if not self._discovering:
+        if not self.bounds.discovering:
             return
         try:
             self._stop_discovery()
@@ -557,7 +566,7 @@ class Instrumentation:
 
         hot = self._hot
         if hot is not None:  # the body in C; the wrapper stays Python code, which torch.compile inlines
-            forward = hot.Forward(self, bounds, roots, perf_counter, grad_enabled)
+            forward = hot.Forward(self, bounds, roots, grad_enabled)
 
             def make_hot(orig: Callable) -> Callable:
                 def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -574,7 +583,7 @@ class Instrumentation:
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 if compiling():  # first, alone (see discovery)
                     return orig(mod, *args, **kwargs)
-                if inst._in_root or inst._in_data:
+                if bounds.in_root or bounds.in_data:
                     return orig(mod, *args, **kwargs)
                 key = id(mod)
                 if grad_enabled():
@@ -582,7 +591,7 @@ class Instrumentation:
                 else:  # another instance of the model's class: a copy (EMA) or a sibling
                     ref = roots.get(key)
                     kind = NOGRAD if ref is not None and ref() is mod else COPY
-                fast = inst.fast
+                fast = bounds.sink
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1
                     try:
@@ -591,12 +600,12 @@ class Instrumentation:
                         inst._on_error("hooks", exc)
                 else:
                     inst.begin("forward", ("forward", key, kind), kind)
-                inst._in_root += 1
+                bounds.in_root += 1
                 try:
                     return orig(mod, *args, **kwargs)
                 finally:
-                    inst._in_root -= 1
-                    fast = inst.fast
+                    bounds.in_root -= 1
+                    fast = bounds.sink
                     depth = bounds.depth
                     if fast is not None and depth:  # a forward ends no step while a phase is open
                         bounds.depth = depth - 1

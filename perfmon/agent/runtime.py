@@ -1,6 +1,6 @@
 """The in-process agent: hot-path event buffer, step tracker, publisher thread, socket, recording.
 
-The training thread only appends to a deque. A daemon thread drains it every ``tick``
+The training thread only appends to the event buffer (``native.event_buffer``). A daemon thread drains it every ``tick``
 seconds, turns events into step records, writes them to the recording and then to every
 attached monitor. Nothing here raises into training: errors are counted and reported.
 """
@@ -15,14 +15,13 @@ import socket
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from itertools import repeat, starmap
 from pathlib import Path
 from typing import Any
 
 from perfmon import paths, protocol
 from perfmon.agent.cuda_timing import CudaResolver
+from perfmon.agent.native import event_buffer
 from perfmon.agent.recorder import Recorder
 from perfmon.agent.server import Server
 from perfmon.agent.steps import BEGIN, END, STEP, StepRecord, StepTracker
@@ -53,7 +52,8 @@ class Agent:
         self.run_dir = run_dir
         self.meta = meta
         self.tick = tick
-        self.events: deque[tuple[int, float, Any, Any]] = deque(maxlen=EVENT_BUFFER)
+        #: what the hooks append, (code, perf_counter(), arg, CUDA mark); ``native.event_buffer``
+        self.events: Any = event_buffer(EVENT_BUFFER)
         self.cuda_marks = False
         self.enabled = True
         self.errors: dict[str, int] = {}
@@ -170,7 +170,7 @@ class Agent:
     def _after_fork_child(self) -> None:
         # DataLoader workers forked from the trainer inherit the patches; they must stay silent.
         self.enabled = False
-        self.events = deque(maxlen=1)
+        self.events = event_buffer(1)
         self._sync_fast_path()
 
     def finish(self, exit_info: dict[str, Any]) -> None:
@@ -364,9 +364,8 @@ class Agent:
     def _flush(self, final: bool = False) -> int:
         """Turn the buffered events into steps, record and publish them; returns how many events it took."""
         events = self.events
-        # only what is there now (the training thread appends meanwhile), popped by a C-level loop
-        batch = list(starmap(events.popleft, repeat((), len(events))))
-        if len(batch) == events.maxlen and not self._overflow_said:  # the oldest were dropped: say so, once
+        batch = events.drain()  # only what is there now (the training thread appends meanwhile)
+        if events.dropped and not self._overflow_said:  # the oldest were dropped: say so, once
             self._overflow_said = True
             self.warn(f"perfmon fell behind: its buffer of {events.maxlen:,} events overflowed and the oldest "
                       "were dropped, so some steps are missing from the recording (training is unaffected)")

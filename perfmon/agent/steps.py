@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from perfmon.agent.native import HotState
 from perfmon.protocol import OUTSIDE_KINDS, PHASES
 
 # Event codes (small ints keep the hot path cheap).
@@ -54,18 +55,20 @@ CHECKPOINT = "checkpoint"  # torch.save: not a step phase; marks time outside st
 OUTSIDE = OUTSIDE_KINDS  # evaluation, checkpoint, other
 
 
-class Boundaries:
+class Boundaries(HotState):
     """The training thread's view of step boundaries. ``begin``/``end`` mirror the hooks.
 
-    ``begin`` returns True when the previous step is over, before the phase starts.
+    ``begin`` returns True when the previous step is over, before the phase starts. The fields the hooks read at
+    every phase (``depth``, ``pending``, ``single``, ...) are its base's: C struct members where the C hot path
+    was built (``native.HotState``).
     """
 
-    __slots__ = ("depth", "pending", "stepped", "cycle", "optimizers_seen", "explicit", "loader_loop", "keys",
-                 "single")
+    __slots__ = ("stepped", "cycle", "loader_loop", "keys")
 
     # optimizers_seen: an optimizer exists or has stepped; until then a backward ends a step
 
     def __init__(self) -> None:
+        super().__init__()
         self.depth = 0
         self.pending = False  # a step's optimizer (or manual backward) ended: the next iteration ends it
         self.stepped: set[Any] = set()  # optimizers that stepped since the last boundary
