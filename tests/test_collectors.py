@@ -304,3 +304,54 @@ def test_workers_found_from_any_thread_and_between_full_scans():
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def test_the_model_is_recounted_only_when_it_changes(monkeypatch):
+    """Counting walks every parameter and optimizer tensor under the GIL: the sampler does it when the roots,
+    optimizers, optimizer state or loaders change, and once every MODEL_RECOUNT_S, not at every sample."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch import nn
+
+    from perfmon.agent import sampler as sampler_mod
+
+    model = nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters())
+    inst = SimpleNamespace(roots=[model], optimizers=[opt], loaders={})
+    published: list[dict] = []
+    agent = SimpleNamespace(pid=os.getpid(), meta={}, instrumentation=inst, publish=published.append)
+    s = sampler_mod.Sampler(agent, interval=1.0)
+    counts: list[int] = []
+    real = sampler_mod.model_facts
+    monkeypatch.setattr(sampler_mod, "model_facts", lambda r, o: (counts.append(1), real(r, o))[1])
+    clock = [1000.0]
+    monkeypatch.setattr(sampler_mod.time, "monotonic", lambda: clock[0])
+
+    s._maybe_model()
+    s._maybe_model()
+    assert len(counts) == 1 and len(published) == 1  # nothing changed: not recounted
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()  # Adam's state appears
+    s._maybe_model()
+    assert len(counts) == 2 and len(published) == 2 and published[1]["optimizer_bytes"] > 0
+    s._maybe_model()
+    assert len(counts) == 2
+    inst.loaders[1] = {"num_workers": 0}
+    s._maybe_model()
+    assert len(counts) == 3 and published[-1]["loaders"] == [{"num_workers": 0}]
+    clock[0] += sampler_mod.MODEL_RECOUNT_S + 1  # nothing seen to change, but a minute passed: recounted
+    s._maybe_model()
+    assert len(counts) == 4 and len(published) == 3  # same facts: not re-sent
+
+
+def test_swap_is_read_every_few_samples_and_always_reported(monkeypatch):
+    from perfmon.collectors import host as host_mod
+
+    reads: list[int] = []
+    real = host_mod.psutil.swap_memory
+    monkeypatch.setattr(host_mod.psutil, "swap_memory", lambda: (reads.append(1), real())[1])
+    sampler = host_mod.HostSampler(os.getpid())
+    samples = [sampler.sample() for _ in range(host_mod.SWAP_EVERY + 1)]
+    assert len(reads) == 2  # the first sample, then SWAP_EVERY samples later
+    assert all(s["swap_used_bytes"] is not None for s in samples)

@@ -1,12 +1,13 @@
 """Auto-instrumentation: the hooks that feed raw events to the agent.
 
-Every hook appends a tuple to a deque (``emit``, or ``fast`` straight to the buffer) and asks
-:class:`Boundaries` whether a step just ended; the common case is inlined in each hook. In a
-tight benchmark a hook costs well under 1 us; inside a real loop, where torch's own work
-between the hooks leaves them cache-cold, about 1.5-4 us per phase (benchmarks/README.md). Where
-``perfmon.agent._hot`` was built (a C compiler at install), the fetch, backward and optimizer hooks and the
-body of the roots' ``__call__`` wrapper are its C twins, which do the same common case without a Python frame
-and call the same ``begin``/``end`` for the rest (tests/test_hot_path.py holds the two equal).
+Every hook appends a ``(code, perf_counter(), arg, None)`` event to the agent's buffer (``emit``, or ``fast``
+straight to it) and asks :class:`Boundaries` whether a step just ended; the common case is inlined in each hook.
+Inside a real loop, torch's own work between the hooks leaves their code and data cache-cold, so a hook costs
+what it touches more than what it computes (benchmarks/README.md). Where ``perfmon.agent._hot`` was built (a C
+compiler at install), the fetch, backward and optimizer hooks and the body of the roots' ``__call__`` wrapper
+are its C twins: they read the hot state (``Boundaries``' and ``Commands``' C base structs, ``native.py``)
+directly, write compact slots to the agent's C event ring (expanded into the same tuples on the agent's
+thread), and call the same ``begin``/``end`` for every other case (tests/test_hot_path.py holds the two equal).
 
 Nothing is left on the user's objects. Forward timing wraps ``__call__`` of the *class* of
 each root module and times only the root instances (by identity), so a model pickles,

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -393,8 +394,9 @@ class Agent:
         """One ``steps`` message, formatted row by row with C-level ``%`` (the agent's hot loop at high step
         rates); monitors get the rows from ``live_from`` on and a ``bulk`` summary of the ones before."""
         off = self._clock_offset
-        with_dev = any(dev for _, dev in records)
-        with_closures = any(rec.closures for rec, _ in records)
+        # C-level passes (map, not generators): this runs over every step at any step rate
+        with_dev = any(map(_second, records))
+        with_closures = any(map(_closures, map(_first, records)))
         fields = list(protocol.STEP_FIELDS) + (["closures"] if with_closures else []) + (
             ["dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"] if with_dev else [])
         vals = []
@@ -477,6 +479,8 @@ def next_wait(events: int, seconds: float, tick: float) -> float:
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 4)
 
+
+_first, _second, _closures = itemgetter(0), itemgetter(1), attrgetter("closures")
 
 #: A step row without its optional columns: protocol.STEP_FIELDS, times in ms to 0.1 us.
 _ROW = "[%d,%.6f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%d"

@@ -64,6 +64,10 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
     }
 
 
+#: The model's facts are recounted at least this often even when nothing they depend on seems to change.
+MODEL_RECOUNT_S = 60.0
+
+
 class Sampler:
     """Samples every ``interval`` seconds and publishes ``sample`` and ``model`` messages."""
 
@@ -76,6 +80,8 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._model_sent: tuple[int, int] | None = None
+        self._model_seen: tuple | None = None  # what the model, optimizers and loaders looked like at the last count
+        self._model_due = 0.0
 
     def start(self) -> None:
         reason = self.nvml.open()
@@ -128,10 +134,21 @@ class Sampler:
             return
         roots = list(inst.roots)
         opts = list(inst.optimizers)
-        # re-send when roots appear or the optimizer state grows (after the first step)
+        # Counting walks every parameter and optimizer tensor under the GIL (~3 ms for 1,000 tensors): only when
+        # roots, optimizers, optimizer state (it appears at the first step) or loaders changed, or once a minute.
+        try:
+            seen = (tuple(map(id, roots)), tuple((id(o), len(o.state), len(o.param_groups)) for o in opts),
+                    len(inst.loaders))
+        except Exception:  # noqa: BLE001 - an odd optimizer: count every time
+            seen = None
+        now = time.monotonic()
+        if seen is not None and seen == self._model_seen and now < self._model_due:
+            return
+        self._model_seen, self._model_due = seen, now + MODEL_RECOUNT_S
         try:
             facts = model_facts(roots, opts)
         except RuntimeError:  # the training thread changed optimizer state meanwhile: next time
+            self._model_seen = None
             return
         if facts is None:
             return

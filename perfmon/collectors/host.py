@@ -31,6 +31,7 @@ class HostSampler:
         self._waits: dict[int, tuple[float, int]] = {}  # worker pid -> (when, its run-queue wait so far, ns)
         self._samples = 0
         self._others: set[int] = set()  # descendants the last full scan found
+        self._swap: Any = None  # psutil.swap_memory(), read every SWAP_EVERY samples
         self.cpu_count = psutil.cpu_count() or 1
         _safe(lambda: self.proc.cpu_percent(None))
         _safe(lambda: psutil.cpu_percent(None))
@@ -69,7 +70,9 @@ class HostSampler:
         w_cpu = [_safe(lambda w=w: w.cpu_percent(None)) for w in workers]
         w_rss = [_safe(lambda w=w: w.memory_info().rss) for w in workers]
         vm = _safe(psutil.virtual_memory)
-        sw = _safe(psutil.swap_memory)
+        if self._samples % SWAP_EVERY == 1 or self._swap is None:  # two /proc files: ~0.1 ms of the job's GIL
+            self._swap = _safe(psutil.swap_memory)
+        sw = self._swap
         load = _safe(os.getloadavg)
         return {
             "cpu_percent": _safe(lambda: p.cpu_percent(None)),
@@ -132,6 +135,8 @@ def _exists(pid: int) -> bool:
 
 #: Samples between scans of every thread's children (the main thread's are read at every sample).
 FULL_SCAN_EVERY = 10
+#: Swap use is read every this many samples (it moves slowly; reading it costs as much as the rest of a sample).
+SWAP_EVERY = 5
 
 
 def _children_of_thread(pid: int, tid: int) -> list[int] | None:
