@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from perfmon.agent import hooks as hooks_mod
 from perfmon.agent.hooks import Instrumentation
 from perfmon.agent.native import event_buffer
+from perfmon.agent.steps import STEADY, expand_steady
 
 HOT = hooks_mod.accelerator()
 needs_hot = pytest.mark.skipif(HOT is None, reason="the C hot path is not built here (no C compiler at install)")
@@ -238,12 +239,18 @@ def run_shape(shape: str, accelerated: bool, fast: bool | str, tmp: Path) -> dic
         fn(tmp) if shape == "accumulation_and_checkpoint" else fn()
     finally:
         inst.uninstall()
+    folded = 0
     if ring is not None:
         for event in ring.drain():
-            append(event)
+            if event[0] == STEADY:  # a steady iteration the C ring folded: the events it stands for
+                folded += 1
+                for sub in expand_steady(event):
+                    append(sub)
+            else:
+                append(event)
     assert times == sorted(times), "event times go backwards"
     return {"events": _normalised(events), "boundaries": boundaries, "errors": errors,
-            "optimizers": len(inst.optimizers)}
+            "optimizers": len(inst.optimizers), "folded": folded}
 
 
 @needs_hot
@@ -253,6 +260,10 @@ def test_c_hooks_record_exactly_what_python_hooks_record(shape, fast, tmp_path):
     python = run_shape(shape, accelerated=False, fast=fast, tmp=tmp_path)
     c = run_shape(shape, accelerated=True, fast=fast, tmp=tmp_path)
     assert python["errors"] == [] and c["errors"] == []
+    assert python["folded"] == 0  # only the C hooks' compact slots are folded
+    if fast == "ring" and shape in ("plain", "dict_batches_and_eval"):
+        assert c["folded"] > 0  # steady iterations came out as one STEADY event each
+    c["folded"] = 0
     assert c == python
     assert len(python["events"]) > 10  # the loop was really seen
 
@@ -474,3 +485,42 @@ def test_the_c_clock_is_perf_counter():
     t = HOT.clock()
     after = perf_counter()
     assert before <= t <= after
+
+
+@needs_hot
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_tracker_makes_the_same_steps_of_folded_and_expanded_events(shape, tmp_path):
+    """STEADY events (steady iterations the C ring folded) give the tracker exactly the steps their expansion
+    gives, fed whole or in random chunks (so they also meet the general path, not only the fast one)."""
+    import random
+
+    from perfmon.agent.steps import StepTracker
+
+    ring = event_buffer(1_000_000)
+    inst = Instrumentation(lambda code, arg=None: ring.append((code, perf_counter(), arg, None)),
+                           lambda where, exc: pytest.fail(f"{where}: {exc}"))
+    inst.install()
+    inst.fast = ring.append
+    torch.manual_seed(0)
+    try:
+        fn = SHAPES[shape]
+        fn(tmp_path) if shape == "accumulation_and_checkpoint" else fn()
+    finally:
+        inst.uninstall()
+    folded = ring.drain()
+    expanded = [sub for ev in folded for sub in (expand_steady(ev) if ev[0] == STEADY else [ev])]
+
+    def steps(events: list, seed: int | None) -> list:
+        tracker, out, i = StepTracker(), [], 0
+        rng = random.Random(seed)
+        while i < len(events):
+            k = len(events) if seed is None else rng.randint(1, 7)
+            out += tracker.feed_many(events[i : i + k])
+            i += k
+        last = tracker.finish()
+        return out + ([last] if last is not None else [])
+
+    reference = steps(expanded, None)
+    assert reference
+    for seed in (None, 1, 2, 3):
+        assert steps(folded, seed) == reference

@@ -27,6 +27,7 @@
 #define BEGIN 0
 #define END 1
 #define END_BOUNDARY 6
+#define STEADY 7  /* one steady iteration's events, folded by Ring.drain */
 
 /* what a Timed wraps */
 #define KIND_DATA 0
@@ -139,8 +140,23 @@ static inline int ring_push(Ring *r, int code, int tag, int kind, const void *pt
     return 0;
 }
 
+/* id() of the objects a drain meets, made once per drain for each (a loop passes the same model and optimizer) */
+typedef struct { const void *ptr[2]; PyObject *obj[2]; } Ids;
+
+static PyObject *id_of(Ids *ids, const void *ptr) {
+    int k = ids == NULL ? -1 : ids->ptr[0] == ptr ? 0 : ids->ptr[1] == ptr ? 1 : -1;
+    if (k >= 0 && ids->obj[k] != NULL) return Py_NewRef(ids->obj[k]);
+    PyObject *r = PyLong_FromVoidPtr((void *)ptr);
+    if (r != NULL && ids != NULL) {
+        k = ids->obj[0] == NULL ? 0 : 1;
+        Py_XSETREF(ids->obj[k], Py_NewRef(r));
+        ids->ptr[k] = ptr;
+    }
+    return r;
+}
+
 /* the arg of a compact event, as the Python hooks make it */
-static PyObject *make_arg(int tag, int kind, const void *ptr, long n) {
+static PyObject *make_arg_ids(int tag, int kind, const void *ptr, long n, Ids *ids) {
     PyObject *a, *b, *r;
     switch (tag) {
     case TAG_PHASE:
@@ -153,13 +169,13 @@ static PyObject *make_arg(int tag, int kind, const void *ptr, long n) {
     case TAG_DATA_NONE:
         return PyTuple_Pack(2, phase_names[PH_DATA], Py_None);
     case TAG_FORWARD:
-        if ((a = PyLong_FromVoidPtr((void *)ptr)) == NULL) return NULL;
+        if ((a = id_of(ids, ptr)) == NULL) return NULL;
         if ((b = PyLong_FromLong(kind)) == NULL) { Py_DECREF(a); return NULL; }
         r = PyTuple_Pack(3, phase_names[PH_FORWARD], a, b);
         Py_DECREF(a); Py_DECREF(b);
         return r;
     case TAG_OPTIMIZER:
-        if ((a = PyLong_FromVoidPtr((void *)ptr)) == NULL) return NULL;
+        if ((a = id_of(ids, ptr)) == NULL) return NULL;
         r = PyTuple_Pack(2, phase_names[PH_OPTIMIZER], a);
         Py_DECREF(a);
         return r;
@@ -167,6 +183,8 @@ static PyObject *make_arg(int tag, int kind, const void *ptr, long n) {
     PyErr_SetString(PyExc_SystemError, "perfmon: unknown event slot");
     return NULL;
 }
+
+static PyObject *make_arg(int tag, int kind, const void *ptr, long n) { return make_arg_ids(tag, kind, ptr, n, NULL); }
 
 static PyObject *make_event(int code, double t, PyObject *arg) {
     PyObject *tf = PyFloat_FromDouble(t);
@@ -212,9 +230,73 @@ static PyObject *Ring_append(Ring *self, PyObject *event) {
     Py_RETURN_NONE;
 }
 
+#define AT(k) (&buf[(head + (k)) % cap])
+
+/* How many slots from i make one steady iteration: [fetch] forward(grad) backward optimizer, each begun and ended
+ * at top level by the C hooks, the optimizer's end ending the step. 8 or 6, or 0 for anything else. */
+static Py_ssize_t steady_len(Slot *buf, Py_ssize_t cap, Py_ssize_t head, Py_ssize_t i, Py_ssize_t len) {
+    Py_ssize_t j = i;
+    Slot *s = AT(i);
+    if (s->code == BEGIN && s->tag == TAG_PHASE && s->kind == PH_DATA) {
+        if (i + 8 > len) return 0;
+        Slot *e = AT(i + 1);
+        if (e->code != END || (e->tag != TAG_DATA && e->tag != TAG_DATA_NONE)) return 0;
+        j = i + 2;
+    } else if (i + 6 > len) {
+        return 0;
+    }
+    Slot *a = AT(j), *b = AT(j + 1), *c = AT(j + 2), *d = AT(j + 3), *e = AT(j + 4), *f = AT(j + 5);
+    if (a->code == BEGIN && a->tag == TAG_FORWARD && a->kind == 0 /* GRAD */
+        && b->code == END && b->tag == TAG_PHASE && b->kind == PH_FORWARD
+        && c->code == BEGIN && c->tag == TAG_PHASE && c->kind == PH_BACKWARD
+        && d->code == END && d->tag == TAG_PHASE && d->kind == PH_BACKWARD
+        && e->code == BEGIN && e->tag == TAG_PHASE && e->kind == PH_OPTIMIZER
+        && f->code == END_BOUNDARY && f->tag == TAG_OPTIMIZER)
+        return j + 6 - i;
+    return 0;
+}
+
+static inline PyObject *float_or_none(int some, double t) { return some ? PyFloat_FromDouble(t) : Py_NewRef(Py_None); }
+
+/* (STEADY, t_end, (t_fetch, t_fetched, samples, t_forward, model id, t_forwarded, t_backward, t_backwarded,
+ * t_optimizer, optimizer id), None): steps.expand_steady gives back the events it stands for. */
+static PyObject *make_steady(Slot *buf, Py_ssize_t cap, Py_ssize_t head, Py_ssize_t i, Py_ssize_t k, Ids *ids) {
+    int fetch = k == 8;
+    Slot *s = AT(i), *j = AT(i + (fetch ? 2 : 0));
+    Slot *fw = j, *fwe = AT(i + k - 5), *bw = AT(i + k - 4), *bwe = AT(i + k - 3), *op = AT(i + k - 2),
+         *ope = AT(i + k - 1);
+    (void)fw;
+    PyObject *items[10] = {
+        float_or_none(fetch, s->t),
+        float_or_none(fetch, fetch ? AT(i + 1)->t : 0.0),
+        fetch && AT(i + 1)->tag == TAG_DATA ? PyLong_FromLong(AT(i + 1)->aux.n) : Py_NewRef(Py_None),
+        PyFloat_FromDouble(j->t),
+        id_of(ids, j->aux.ptr),
+        PyFloat_FromDouble(fwe->t),
+        PyFloat_FromDouble(bw->t),
+        PyFloat_FromDouble(bwe->t),
+        PyFloat_FromDouble(op->t),
+        id_of(ids, ope->aux.ptr),
+    };
+    PyObject *payload = NULL, *ev = NULL;
+    int ok = 1;
+    for (int q = 0; q < 10; q++) ok = ok && items[q] != NULL;
+    if (ok && (payload = PyTuple_New(10)) != NULL) {
+        for (int q = 0; q < 10; q++) PyTuple_SET_ITEM(payload, q, items[q]);
+        ev = make_event(STEADY, ope->t, payload);
+        Py_DECREF(payload);
+    } else {
+        for (int q = 0; q < 10; q++) Py_XDECREF(items[q]);
+    }
+    return ev;
+}
+
 /* Every event so far, oldest first, as a list of tuples. The slots are taken off the ring before any object is
  * made (making one can run Python code, and the training thread may append meanwhile). */
-static PyObject *Ring_drain(Ring *self, PyObject *Py_UNUSED(ignored)) {
+static PyObject *Ring_drain(Ring *self, PyObject *args, PyObject *kwargs) {
+    int fold = 1;
+    static char *names[] = {"fold", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p", names, &fold)) return NULL;
     Slot *buf = self->buf;
     Py_ssize_t cap = self->cap, head = self->head, len = self->len;
     if (len == 0) return PyList_New(0);
@@ -228,22 +310,31 @@ static PyObject *Ring_drain(Ring *self, PyObject *Py_UNUSED(ignored)) {
         }
     }
     self->head = self->len = 0;
-    PyObject *list = PyList_New(len);
+    PyObject *list = PyList_New(0);
+    Ids ids = {{NULL, NULL}, {NULL, NULL}};
     Py_ssize_t i = 0;
-    for (; list != NULL && i < len; i++) {
-        Slot *s = &buf[(head + i) % cap];
+    while (list != NULL && i < len) {
+        Slot *s = AT(i);
         PyObject *ev;
-        if (s->tag == TAG_OBJ) {
+        Py_ssize_t k = s->tag == TAG_OBJ || !fold ? 0 : steady_len(buf, cap, head, i, len);
+        if (k) {
+            ev = make_steady(buf, cap, head, i, k, &ids);
+        } else if (s->tag == TAG_OBJ) {
             ev = s->aux.obj;  /* the ring's reference goes to the list */
             s->tag = TAG_PHASE;
+            k = 1;
         } else {
-            PyObject *arg = make_arg(s->tag, s->kind, s->aux.ptr, s->aux.n);
+            PyObject *arg = make_arg_ids(s->tag, s->kind, s->aux.ptr, s->aux.n, &ids);
             ev = arg == NULL ? NULL : make_event(s->code, s->t, arg);
             Py_XDECREF(arg);
+            k = 1;
         }
-        if (ev == NULL) { Py_CLEAR(list); break; }
-        PyList_SET_ITEM(list, i, ev);
+        if (ev == NULL || PyList_Append(list, ev) < 0) { Py_XDECREF(ev); Py_CLEAR(list); break; }
+        Py_DECREF(ev);
+        i += k;
     }
+    Py_XDECREF(ids.obj[0]);
+    Py_XDECREF(ids.obj[1]);
     if (list == NULL) release_slots(buf, cap, head + i, len - i);
     if (self->spare == NULL && cap == self->cap) self->spare = buf;
     else PyMem_RawFree(buf);
@@ -254,7 +345,9 @@ static Py_ssize_t Ring_length(Ring *self) { return self->len; }
 
 static PyMethodDef Ring_methods[] = {
     {"append", (PyCFunction)Ring_append, METH_O, "Append one event tuple (code, t, arg, mark)."},
-    {"drain", (PyCFunction)Ring_drain, METH_NOARGS, "Take every event so far, oldest first, as a list of tuples."},
+    {"drain", (PyCFunction)(void (*)(void))Ring_drain, METH_VARARGS | METH_KEYWORDS,
+     "drain(fold=True): every event so far, oldest first, as a list of tuples; with fold, each steady "
+     "iteration the C hooks recorded comes as one STEADY event (steps.expand_steady)."},
     {NULL},
 };
 

@@ -44,12 +44,26 @@ STEP = 2  # explicit perfmon.step()
 OPTIMIZER_CREATED = 3  # an optimizer exists: a backward does not end a step (gradient accumulation)
 BOUNDARY = 5  # the hooks committed a step boundary (Boundaries said so)
 END_BOUNDARY = 6  # END, then BOUNDARY: a phase ended and with it the step (one event, not two)
+#: One steady iteration of the C hooks, folded by the C event ring's drain: arg (t_fetch, t_fetched, samples,
+#: t_forward, model key, t_forwarded, t_backward, t_backwarded, t_optimizer, optimizer key), the event's own time
+#: the optimizer's end; t_fetch and t_fetched are None in a loop without a DataLoader. :func:`expand_steady`.
+STEADY = 7
 
 #: The marks of a part or step without CUDA events (read-only, shared: no allocation per step).
 NO_MARKS: Mapping[str, list[tuple[Any, Any]]] = MappingProxyType({})
 
 #: Forward kinds in a ("forward", key, kind) BEGIN arg.
 GRAD, NOGRAD, COPY = 0, 1, 2
+
+
+def expand_steady(event: tuple[int, float, Any, Any]) -> list[tuple[int, float, Any, Any]]:
+    """The events a STEADY event stands for, exactly as the hooks appended them."""
+    _, t7, (t0, t1, n, t2, key, t3, t4, t5, t6, opt), _ = event
+    steady = [(BEGIN, t2, ("forward", key, GRAD), None), (END, t3, "forward", None), (BEGIN, t4, "backward", None),
+              (END, t5, "backward", None), (BEGIN, t6, "optimizer", None), (END_BOUNDARY, t7, ("optimizer", opt), None)]
+    if t0 is None:
+        return steady
+    return [(BEGIN, t0, "data", None), (END, t1, ("data", n), None), *steady]
 
 CHECKPOINT = "checkpoint"  # torch.save: not a step phase; marks time outside steps
 OUTSIDE = OUTSIDE_KINDS  # evaluation, checkpoint, other
@@ -240,8 +254,19 @@ class StepTracker:
         if self._steady_state():
             i = self._steady(events, 0, out)
         while i < n:
-            rec = feed(*events[i])
+            event = events[i]
             i += 1
+            if event[0] == STEADY:  # not where the fast path can take it: the events it stands for, one by one
+                done = False
+                for sub in expand_steady(event):
+                    rec = feed(*sub)
+                    if rec is not None:
+                        out.append(rec)
+                        done = True
+                if done and self._steady_state():
+                    i = self._steady(events, i, out)
+                continue
+            rec = feed(*event)
             if rec is not None:
                 out.append(rec)
                 if self._steady_state():
@@ -265,9 +290,19 @@ class StepTracker:
         count = first = self.count
         start = self._part.start  # type: ignore[union-attr]
         trained = self._trained
-        while i + 6 <= n:
+        while i < n:
             c0, t0, a0, m0 = events[i]
-            if c0 != BEGIN or m0 is not None:
+            if c0 == STEADY:  # folded by the C ring: the same step from one tuple (t0: the optimizer's end)
+                t_fetch, t_fetched, samples, t2, key, t3, t4, t5, t6, _ = a0
+                trained.add(key)
+                count += 1
+                out.append(StepRecord(count, start, t0, {
+                    "data": t_fetched - t_fetch if t_fetch is not None else 0.0, "forward": t3 - t2,
+                    "backward": t5 - t4, "optimizer": t0 - t6}, samples or None, NO_MARKS, 0))
+                start = t0
+                i += 1
+                continue
+            if i + 6 > n or c0 != BEGIN or m0 is not None:
                 break
             j = i  # where the training work's six events begin: after the fetch, in a DataLoader loop
             data, samples = 0.0, 0
