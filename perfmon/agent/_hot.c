@@ -412,8 +412,9 @@ static void State_dealloc(State *self) {
 }
 
 /* ring and commands are typed (the hooks use them as C structs): set through these */
-static PyObject *State_get_ring(State *self, void *c) { return Py_NewRef(self->ring ? self->ring : Py_None); }
+static PyObject *State_get_ring(State *self, void *c) { (void)c; return Py_NewRef(self->ring ? self->ring : Py_None); }
 static int State_set_ring(State *self, PyObject *value, void *c) {
+    (void)c;
     if (value != NULL && value != Py_None && !Py_IS_TYPE(value, &RingType)) {
         PyErr_SetString(PyExc_TypeError, "ring must be a Ring or None");
         return -1;
@@ -422,9 +423,11 @@ static int State_set_ring(State *self, PyObject *value, void *c) {
     return 0;
 }
 static PyObject *State_get_commands(State *self, void *c) {
+    (void)c;
     return Py_NewRef(self->commands ? self->commands : Py_None);
 }
 static int State_set_commands(State *self, PyObject *value, void *c) {
+    (void)c;
     if (value != NULL && value != Py_None && !PyObject_TypeCheck(value, &CommandStateType)) {
         PyErr_SetString(PyExc_TypeError, "commands must be a CommandState or None");
         return -1;
@@ -447,8 +450,8 @@ static PyMemberDef State_members[] = {
 };
 
 static PyGetSetDef State_getset[] = {
-    {"ring", (getter)State_get_ring, (setter)State_set_ring, "the Ring events go to (the C hooks), or None"},
-    {"commands", (getter)State_get_commands, (setter)State_set_commands, "the agent's Commands, or None"},
+    {"ring", (getter)State_get_ring, (setter)State_set_ring, "the Ring events go to (the C hooks), or None", NULL},
+    {"commands", (getter)State_get_commands, (setter)State_set_commands, "the agent's Commands, or None", NULL},
     {NULL},
 };
 
@@ -770,18 +773,19 @@ static void Timed_dealloc(Timed *self) {
 
 /* a method when set on a class (DataLoader iterators' __next__), a function when set on a module */
 static PyObject *Timed_get(PyObject *self, PyObject *obj, PyObject *type) {
+    (void)type;
     if (obj == NULL || obj == Py_None) return Py_NewRef(self);
     return PyMethod_New(self, obj);
 }
 
 static PyMemberDef Timed_members[] = {
-    {"__dictoffset__", T_PYSSIZET, offsetof(Timed, dict), READONLY},
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Timed, vectorcall), READONLY},
+    {"__dictoffset__", T_PYSSIZET, offsetof(Timed, dict), READONLY, NULL},
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Timed, vectorcall), READONLY, NULL},
     {NULL},
 };
 
 static PyGetSetDef Timed_getset[] = {
-    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {NULL},
 };
 
@@ -823,6 +827,7 @@ static int is_single(State *st, PyObject *opt) {
 
 static PyObject *OptimizerHook_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     OptimizerHook *self = (OptimizerHook *)op;
+    (void)kwnames;  /* a hook is called (optimizer, args, kwargs), positionally */
     PyObject *inst = self->inst;
     State *st = (State *)self->bounds;
     if (PyVectorcall_NARGS(nargsf) < 1) {
@@ -1077,7 +1082,7 @@ static PyTypeObject ForwardType = {
 
 /* -- module --------------------------------------------------------------------------------------- */
 
-static PyObject *hot_clock(PyObject *m, PyObject *Py_UNUSED(ignored)) { return PyFloat_FromDouble(now()); }
+static PyObject *hot_clock(PyObject *m, PyObject *Py_UNUSED(ignored)) { (void)m; return PyFloat_FromDouble(now()); }
 
 static PyMethodDef hot_methods[] = {
     {"clock", hot_clock, METH_NOARGS, "The hooks' clock: time.perf_counter()'s, read as the C hooks read it."},
@@ -1087,6 +1092,7 @@ static PyMethodDef hot_methods[] = {
 static struct PyModuleDef hot_module = {
     PyModuleDef_HEAD_INIT, "perfmon.agent._hot",
     "perfmon's hook hot path in C (optional; hooks.py has the same hooks in Python).", -1, hot_methods,
+    NULL, NULL, NULL, NULL,
 };
 
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
