@@ -319,3 +319,44 @@ def test_an_overflowing_event_buffer_is_said_once(tmp_path, buffer):
     a.events.append((BEGIN, 40.0, "forward", None))
     a._flush()
     assert len([t for t in a._unreported if "overflowed" in t]) == 1
+
+
+@pytest.mark.parametrize("live_from", [0, 1, 37, 200])
+def test_step_rows_in_c_are_the_python_rows(tmp_path, live_from):
+    """``_hot.step_rows`` (the publisher's common case in C) against the Python loop: the same message text, and
+    the same bulk summary of the rows the monitors do not get."""
+    import json
+    import random
+
+    from perfmon.agent.native import HOT
+    from perfmon.agent.steps import NO_MARKS, StepRecord
+
+    if HOT is None:
+        pytest.skip("the C hot path is not built here")
+    rng = random.Random(live_from)
+    t = 12345.678901
+    records = []
+    for i in range(1, 181):
+        phases = {p: rng.choice([0.0, rng.random() * 1e-3, rng.random() * 2.0]) for p in
+                  ("data", "forward", "backward", "optimizer")}
+        dur = sum(phases.values()) + rng.choice([-1e-4, 0.0, rng.random() * 1e-3])  # "other" below zero too
+        records.append((StepRecord(i + 10**9 * (i % 3 == 0), t, t + dur, phases, rng.choice([None, 0, 64, 2**40]),
+                                   NO_MARKS, 0), None))
+        t += dur
+    out = {}
+    for c_rows in (True, False):
+        agent = Agent(tmp_path / f"run-{c_rows}", {"script": "x"}, sample_interval=None)
+        agent.c_rows = c_rows
+        agent._clock_offset = 1.7e9 + 0.123456789  # each agent reads its own: the same for both
+        sent: list = []
+        agent.publish_text = lambda body, live=None, sent=sent: sent.append((body, live))  # type: ignore[method-assign]
+        agent._publish_steps(records, {"evaluation_ms": 1.5}, live_from)
+        out[c_rows] = sent[0]
+    (c_body, c_live), (py_body, py_live) = out[True], out[False]
+    assert c_body == py_body
+    assert (c_live is None) == (py_live is None) == (live_from == 0)
+    if c_live is not None:
+        c, py = json.loads(c_live), json.loads(py_live)
+        assert c["rows"] == py["rows"] and len(c["rows"]) == 180 - min(live_from, 180)
+        for key, value in py["bulk"].items():
+            assert c["bulk"][key] == (pytest.approx(value) if key == "sum_ms" else value), key

@@ -1080,12 +1080,115 @@ static PyTypeObject ForwardType = {
     .tp_vectorcall_offset = offsetof(Forward, vectorcall),
 };
 
+/* -- step rows: the agent's publisher formats every step of the recording -------------------------------- */
+
+static PyObject *s_index, *s_start, *s_phases,  /* and s_end, the hooks' */
+    *s_samples, *k_data, *k_forward, *k_backward, *k_optimizer;
+
+static int attr_double(PyObject *obj, PyObject *name, double *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) return -1;
+    *out = PyFloat_AsDouble(v);
+    Py_DECREF(v);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int item_double(PyObject *dict, PyObject *key, double *out) {
+    PyObject *v = PyDict_GetItemWithError(dict, key);  /* borrowed */
+    if (v == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(v);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* step_rows(records, off, cut) -> (rows, bulk): the JSON text of each step row (protocol.STEP_FIELDS; records are
+ * (StepRecord, device ms) pairs without closures or device times), and for the first `cut` rows the sums a bulk
+ * summary needs: (first_i, last_i, first_start, last_t, max_ms, dur, data, forward, backward, optimizer, other,
+ * samples, samples_steps), or None when cut is 0. The same numbers and text as runtime.Agent._publish_steps makes
+ * in Python (tests/test_hot_path.py compares the two). */
+static PyObject *step_rows(PyObject *m, PyObject *args) {
+    PyObject *records;
+    double off;
+    Py_ssize_t cut;
+    (void)m;
+    if (!PyArg_ParseTuple(args, "O!dn", &PyList_Type, &records, &off, &cut)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    PyObject *rows = PyList_New(n);
+    if (rows == NULL) return NULL;
+    long long first_i = 0, last_i = 0, samples_sum = 0, samples_steps = 0;
+    double first_start = 0.0, last_t = 0.0, max_ms = 0.0, sums[6] = {0, 0, 0, 0, 0, 0};
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *pair = PyList_GET_ITEM(records, k);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) < 1) {
+            PyErr_SetString(PyExc_TypeError, "records are (StepRecord, device ms) pairs");
+            goto fail;
+        }
+        PyObject *rec = PyTuple_GET_ITEM(pair, 0);
+        double start, end, d, f, b, o;
+        PyObject *phases = PyObject_GetAttr(rec, s_phases);
+        if (phases == NULL) goto fail;
+        int bad = !PyDict_Check(phases) || attr_double(rec, s_start, &start) < 0 || attr_double(rec, s_end, &end) < 0
+                  || item_double(phases, k_data, &d) < 0 || item_double(phases, k_forward, &f) < 0
+                  || item_double(phases, k_backward, &b) < 0 || item_double(phases, k_optimizer, &o) < 0;
+        Py_DECREF(phases);
+        if (bad) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a step's phases must be a dict");
+            goto fail;
+        }
+        PyObject *v = PyObject_GetAttr(rec, s_index);
+        long long index = v == NULL ? -1 : PyLong_AsLongLong(v);
+        Py_XDECREF(v);
+        if (index == -1 && PyErr_Occurred()) goto fail;
+        v = PyObject_GetAttr(rec, s_samples);
+        if (v == NULL) goto fail;
+        long long samples = 0;
+        if (v != Py_None) {
+            int truth = PyObject_IsTrue(v);
+            samples = truth > 0 ? PyLong_AsLongLong(v) : 0;
+            if (truth < 0 || (samples == -1 && PyErr_Occurred())) { Py_DECREF(v); goto fail; }
+        }
+        Py_DECREF(v);
+        double dur = end - start;
+        double other = dur - d - f - b - o;
+        double t = end + off, dur_ms = dur * 1e3;
+        double cols[6] = {dur_ms, d * 1e3, f * 1e3, b * 1e3, o * 1e3, other > 0.0 ? other * 1e3 : 0.0};
+        char text[512];
+        int len = snprintf(text, sizeof text, "[%lld,%.6f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%lld]", index, t, cols[0],
+                           cols[1], cols[2], cols[3], cols[4], cols[5], samples);
+        if (len < 0 || (size_t)len >= sizeof text) {
+            PyErr_SetString(PyExc_ValueError, "a step row too long to format");
+            goto fail;
+        }
+        PyObject *str = PyUnicode_FromStringAndSize(text, len);
+        if (str == NULL) goto fail;
+        PyList_SET_ITEM(rows, k, str);
+        if (k < cut) {
+            if (k == 0) { first_i = index; first_start = t - dur_ms / 1e3; max_ms = dur_ms; }
+            last_i = index;
+            last_t = t;
+            if (dur_ms > max_ms) max_ms = dur_ms;
+            for (int q = 0; q < 6; q++) sums[q] += cols[q];
+            samples_sum += samples;
+            samples_steps += samples != 0;
+        }
+    }
+    if (cut <= 0 || n == 0) return Py_BuildValue("(NO)", rows, Py_None);
+    return Py_BuildValue("(N(LLdddddddddLL))", rows, first_i, last_i, first_start, last_t, max_ms, sums[0], sums[1],
+                         sums[2], sums[3], sums[4], sums[5], samples_sum, samples_steps);
+fail:
+    Py_DECREF(rows);
+    return NULL;
+}
+
 /* -- module --------------------------------------------------------------------------------------- */
 
 static PyObject *hot_clock(PyObject *m, PyObject *Py_UNUSED(ignored)) { (void)m; return PyFloat_FromDouble(now()); }
 
 static PyMethodDef hot_methods[] = {
     {"clock", hot_clock, METH_NOARGS, "The hooks' clock: time.perf_counter()'s, read as the C hooks read it."},
+    {"step_rows", step_rows, METH_VARARGS, "step_rows(records, off, cut) -> (rows, bulk sums or None)."},
     {NULL},
 };
 
@@ -1102,6 +1205,9 @@ PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_finish_discovery, "finish_discovery"); INTERN(s_boundary, "_boundary");
     INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_size, "size"); INTERN(s_values, "values");
     INTERN(s_key, "key"); INTERN(s_after_count, "after_count");
+    INTERN(s_index, "index"); INTERN(s_start, "start"); INTERN(s_phases, "phases");
+    INTERN(s_samples, "samples"); INTERN(k_data, "data"); INTERN(k_forward, "forward");
+    INTERN(k_backward, "backward"); INTERN(k_optimizer, "optimizer");
     INTERN(phase_names[PH_DATA], "data"); INTERN(phase_names[PH_FORWARD], "forward");
     INTERN(phase_names[PH_BACKWARD], "backward"); INTERN(phase_names[PH_OPTIMIZER], "optimizer");
     if ((kw_key = PyTuple_Pack(1, s_key)) == NULL || (zero = PyLong_FromLong(0)) == NULL) return NULL;

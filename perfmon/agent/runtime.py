@@ -22,7 +22,7 @@ from typing import Any
 
 from perfmon import paths, protocol
 from perfmon.agent.cuda_timing import CudaResolver
-from perfmon.agent.native import event_buffer
+from perfmon.agent.native import HOT, event_buffer
 from perfmon.agent.recorder import Recorder
 from perfmon.agent.server import Server
 from perfmon.agent.steps import BEGIN, END, STEP, StepRecord, StepTracker
@@ -83,6 +83,8 @@ class Agent:
         self.sample_interval = sample_interval
         self.sampler: Any = None
         self.commands: Any = None
+        #: step rows formatted by the C hot path where built (False: the Python loop; tests compare the two)
+        self.c_rows = True
 
     @property
     def instrumentation(self) -> Any:
@@ -399,6 +401,19 @@ class Agent:
         with_closures = any(map(_closures, map(_first, records)))
         fields = list(protocol.STEP_FIELDS) + (["closures"] if with_closures else []) + (
             ["dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"] if with_dev else [])
+        head = f'{{"v":{protocol.VERSION},"type":"steps","fields":{json.dumps(fields, separators=(",", ":"))}'
+        tail = (',"outside":' + json.dumps(outside, separators=(",", ":")) if outside else "") + "}"
+        if HOT is not None and not with_dev and not with_closures and self.c_rows:
+            # the common case in C: the same text and sums, without a Python loop over the rows
+            cut = min(live_from, len(records)) if live_from > 0 else 0
+            texts, sums = HOT.step_rows(records, off, cut)
+            body = head + ',"rows":[' + ",".join(texts) + "]" + tail
+            live = None
+            if sums is not None:
+                live = (head + ',"rows":[' + ",".join(texts[cut:]) + "]" + ',"bulk":'
+                        + json.dumps(_bulk_of_sums(cut, sums), separators=(",", ":")) + tail)
+            self.publish_text(body, live)
+            return
         vals = []
         append = vals.append
         for rec, _ in records:
@@ -416,9 +431,7 @@ class Agent:
                 extras = [e + (_dev_text(dev),) for e, (_, dev) in zip(extras, records, strict=True)]
             texts = [row % (v + e) for v, e in zip(vals, extras, strict=True)]
         else:
-            texts = list(map(row.__mod__, vals))  # the common case: one C-level pass
-        head = f'{{"v":{protocol.VERSION},"type":"steps","fields":{json.dumps(fields, separators=(",", ":"))}'
-        tail = (',"outside":' + json.dumps(outside, separators=(",", ":")) if outside else "") + "}"
+            texts = list(map(row.__mod__, vals))  # one C-level pass
         body = head + ',"rows":[' + ",".join(texts) + "]" + tail
         live = None
         if live_from > 0:  # a fast job: the newest rows, and what came before them in one summary
@@ -510,3 +523,12 @@ def _bulk(vals: list[tuple], closures: list[int] | None) -> dict[str, Any]:
 
 
 _BULK_COLUMNS = (("dur", 2), ("data", 3), ("forward", 4), ("backward", 5), ("optimizer", 6), ("other", 7))
+
+
+def _bulk_of_sums(n: int, sums: tuple) -> dict[str, Any]:
+    """:func:`_bulk` from the sums ``_hot.step_rows`` made of the same rows."""
+    first_i, last_i, first_start, last_t, max_ms, *cols, samples, samples_steps = sums
+    return {"n": n, "first_i": first_i, "last_i": last_i, "first_start": round(first_start, 6),
+            "last_t": round(last_t, 6), "max_ms": round(max_ms, 4),
+            "sum_ms": {name: round(total, 4) for (name, _), total in zip(_BULK_COLUMNS, cols, strict=True)},
+            "samples": samples, "samples_steps": samples_steps}
