@@ -164,7 +164,9 @@ def test_terminal_hangup_of_the_monitor_leaves_training_running_to_completion(en
     run_dir = tmp_path / "run"
     mon = subprocess.Popen([*PERFMON, "--headless", "--interval", "1000", "--run-dir", str(run_dir),
                             str(LOOPS / "fast_steps.py"), "--seconds", "6"], env=env, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           # as in a terminal: a test run under nohup would otherwise pass SIGHUP's SIG_IGN on
+                           preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     hello = wait_until(lambda: (run_dir / "events.jsonl").exists() and (run_dir / "events.jsonl").read_text()
                        .split("\n", 1)[0], what="the recording")
     agent_pid = json.loads(hello)["pid"]
