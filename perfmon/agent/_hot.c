@@ -222,11 +222,17 @@ static void Ring_dealloc(Ring *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *Ring_append(Ring *self, PyObject *event) {
-    Slot *s = ring_next(self);
-    if (s == NULL) return NULL;
+/* a whole event object on the ring (Python's appends, and the hooks' events without a compact form) */
+static int ring_push_obj(Ring *r, PyObject *event) {
+    Slot *s = ring_next(r);
+    if (s == NULL) return -1;
     s->aux.obj = Py_NewRef(event);
     s->tag = TAG_OBJ;
+    return 0;
+}
+
+static PyObject *Ring_append(Ring *self, PyObject *event) {
+    if (ring_push_obj(self, event) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -263,9 +269,8 @@ static inline PyObject *float_or_none(int some, double t) { return some ? PyFloa
 static PyObject *make_steady(Slot *buf, Py_ssize_t cap, Py_ssize_t head, Py_ssize_t i, Py_ssize_t k, Ids *ids) {
     int fetch = k == 8;
     Slot *s = AT(i), *j = AT(i + (fetch ? 2 : 0));
-    Slot *fw = j, *fwe = AT(i + k - 5), *bw = AT(i + k - 4), *bwe = AT(i + k - 3), *op = AT(i + k - 2),
+    Slot *fwe = AT(i + k - 5), *bw = AT(i + k - 4), *bwe = AT(i + k - 3), *op = AT(i + k - 2),
          *ope = AT(i + k - 1);
-    (void)fw;
     PyObject *items[10] = {
         float_or_none(fetch, s->t),
         float_or_none(fetch, fetch ? AT(i + 1)->t : 0.0),
@@ -543,14 +548,7 @@ static int emit(State *st, int code, int tag, int kind, const void *ptr, long n)
 static int emit_obj(State *st, int code, PyObject *arg) {
     PyObject *ev = make_event(code, now(), arg);
     if (ev == NULL) return -1;
-    int r;
-    if (st->ring != NULL) {
-        Slot *s = ring_next((Ring *)st->ring);
-        if (s == NULL) r = -1;
-        else { s->aux.obj = Py_NewRef(ev); s->tag = TAG_OBJ; r = 0; }
-    } else {
-        r = to_sink(st, ev);
-    }
+    int r = st->ring != NULL ? ring_push_obj((Ring *)st->ring, ev) : to_sink(st, ev);
     Py_DECREF(ev);
     return r;
 }

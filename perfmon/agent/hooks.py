@@ -86,7 +86,6 @@ class Instrumentation:
     def __init__(self, emit: Emit, on_error: Callable[[str, BaseException], None],
                  boundary: Callable[[], None] = lambda: None, accelerated: bool = True, commands: Any = None) -> None:
         self._emit = emit
-        #: the agent's Commands, whose ``boundary`` is ``boundary``: the C hot path makes its idle check itself
         #: the C twins of the fetch, backward and optimizer hooks (same events, no Python frame), where built
         self._hot = accelerator() if accelerated else None
         self._boundary = boundary

@@ -81,17 +81,16 @@ class Boundaries(HotState):
 
     # optimizers_seen: an optimizer exists or has stepped; until then a backward ends a step
 
+    # From the base, all zero, False or None at start: depth; pending (a step's optimizer, or manual backward,
+    # ended: the next iteration ends it); explicit; single (the loop's one optimizer, once learned: its step ends
+    # the step, the fast path).
+
     def __init__(self) -> None:
         super().__init__()
-        self.depth = 0
-        self.pending = False  # a step's optimizer (or manual backward) ended: the next iteration ends it
         self.stepped: set[Any] = set()  # optimizers that stepped since the last boundary
         self.cycle: frozenset[Any] | None = None  # the optimizers one iteration steps, once learned
-        self.optimizers_seen = False
-        self.explicit = False
         self.loader_loop = False  # iterations begin with a DataLoader fetch
         self.keys: set[Any] = set()  # every optimizer that ever stepped
-        self.single: Any = None  # the loop's one optimizer, once learned: its step ends the step (fast path)
 
     def begin(self, phase: str, key: Any = None) -> bool:
         """``key``: the optimizer for an optimizer phase, the forward kind (GRAD, NOGRAD, COPY) for a forward."""
