@@ -52,3 +52,16 @@ def test_hook_instructions_measured_program_runs_each_way(way: str, tmp_path) ->
     out = tmp_path / "callgrind.out"
     out.write_text("events: Ir I1mr D1mr DLmr\nsummary: 10 2 3 0\ntotals: 10 2 3 1\n")
     assert hook_instructions.totals(out) == {"Ir": 10, "I1mr": 2, "D1mr": 3, "DLmr": 1}
+
+
+@pytest.mark.e2e
+def test_agent_blocks_starts_and_finishes_whole_agents_in_one_process(env: dict[str, str]) -> None:  # noqa: F811
+    """Each on block runs a fresh agent with a monitor reading its socket, and must count exactly the steps it ran
+    (the benchmark exits non-zero otherwise); no perfmon thread outlives its block."""
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "agent_blocks.py"), "--job", "tiny", "--pairs",
+                          "2", "--block-s", "0.05"], capture_output=True, text=True, timeout=300, check=True,
+                         env=env).stdout
+    assert len(re.findall(r"^pair +\d: wall +[\d.]+ -> +[\d.]+ us \([\d.]+\) +process CPU", out, re.M)) == 2, out
+    assert re.search(r"^in-loop wall ratio: median [\d.]+, mean [\d.]+ \+- [\d.]+ \(95%", out, re.M), out
+    # tiny blocks: the process and thread clocks are read a moment apart, so ~0 may print as -0.00
+    assert re.search(r"perfmon's threads: median -?[\d.]+ us, mean -?[\d.]+ us$", out, re.M), out

@@ -4,6 +4,7 @@ the healthy one raises no warning. GPU-only rules are covered on synthetic state
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,15 +15,20 @@ DEMOS = Path(__file__).resolve().parent.parent / "demos" / "bottlenecks"
 pytestmark = pytest.mark.e2e
 
 
-def run(tmp_path: Path, demo: str, *args: str, sample_interval: str = "0.05") -> dict:
+def run(tmp_path: Path, demo: str, *args: str, sample_interval: str = "0.05", host_rules: bool = False) -> dict:
+    """The demo under ``perfmon --headless``, and its report. Without ``host_rules`` the rule about the host's
+    CPUs is off: how busy the machine running the tests is (CI shares its cores) is not the script's bottleneck."""
     run_dir = tmp_path / demo
+    rules = tmp_path / "rules.toml"
+    rules.write_text("" if host_rules else 'disabled = ["cpu-contention"]\n')
     out = subprocess.run(
         [sys.executable, "-m", "perfmon.cli", "--headless", "--interval", "100", "--sample-interval", sample_interval,
-         "--run-dir", str(run_dir), str(DEMOS / f"{demo}.py"), *args], capture_output=True, text=True, timeout=240,
+         "--rules", str(rules), "--run-dir", str(run_dir), str(DEMOS / f"{demo}.py"), *args],
+        capture_output=True, text=True, timeout=240,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    report = subprocess.run([sys.executable, "-m", "perfmon.cli", "report", str(run_dir), "--json"],
-                            capture_output=True, text=True, check=True)
+    report = subprocess.run([sys.executable, "-m", "perfmon.cli", "report", str(run_dir), "--json",
+                             "--rules", str(rules)], capture_output=True, text=True, check=True)
     data = json.loads(report.stdout)
     data["_stderr"] = out.stderr
     return data
@@ -52,3 +58,17 @@ def test_headless_prints_findings_as_they_appear(tmp_path):
     data = run(tmp_path, "slow_dataloader", "--steps", "400")  # long enough for the findings to settle live
     assert "[perfmon] finding [critical] input-bound" in data["_stderr"]
     assert "findings" in data["_stderr"]  # and again in the summary at exit
+
+
+def test_more_torch_threads_than_cpus_is_named_with_the_count_to_set(tmp_path):
+    """Twice as many torch threads as CPUs: whatever else the machine runs, they wait for each other."""
+    cpus = os.cpu_count() or 1
+    data = run(tmp_path, "oversubscribed", host_rules=True)
+    found = {f["id"]: f for f in data["findings"]}
+    assert "cpu-contention" in found, [(f["id"], f["title"]) for f in data["findings"]]
+    f = found["cpu-contention"]
+    ev = f["evidence"]
+    assert ev["torch_threads"] == 2 * cpus and ev["wait_share"] >= 0.2
+    assert f"torch runs {2 * cpus} threads on {ev['usable_cpus']:g} usable CPUs" in f["title"]
+    assert f"torch.set_num_threads({max(1, int(ev['free_cpus']))})" in f["fix"]
+    assert data["host"]["torch_threads"] == 2 * cpus

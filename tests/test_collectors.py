@@ -155,12 +155,13 @@ def _device_text(gpus: list[dict], width: int = 120) -> str:
 
 
 class _FakeAgent:
-    """What the agent's Sampler needs of an agent: a pid, meta, publish."""
+    """What the agent's Sampler needs of an agent: a pid, meta, publish, its commands (None before torch)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.meta: dict = {}
         self.instrumentation = None
+        self.commands = None
         self.published: list[dict] = []
 
     def publish(self, msg: dict) -> None:
@@ -355,3 +356,24 @@ def test_swap_is_read_every_few_samples_and_always_reported(monkeypatch):
     samples = [sampler.sample() for _ in range(host_mod.SWAP_EVERY + 1)]
     assert len(reads) == 2  # the first sample, then SWAP_EVERY samples later
     assert all(s["swap_used_bytes"] is not None for s in samples)
+
+
+def test_the_sampler_sends_the_trainers_torch_threads_and_asks_for_them_afresh(tmp_path):
+    """The count comes from the commands (read on the training thread); each sample asks for the next reading."""
+    from types import SimpleNamespace
+
+    from perfmon.agent.commands import Commands
+    from perfmon.agent.sampler import Sampler
+
+    agent = _FakeAgent()
+    sampler = Sampler(agent, 1.0, nvml_backend=FakeNvml([]))
+    sampler.sample_once()
+    assert "torch_threads" not in agent.published[-1]["host"]  # torch not imported by the script yet
+    agent.run_dir = tmp_path
+    agent.tracker = SimpleNamespace(count=0)
+    agent.commands = Commands(agent, {})
+    agent.commands.torch_threads = 7
+    sampler.sample_once()
+    host = [m for m in agent.published if m["type"] == "sample"][-1]["host"]
+    assert host["torch_threads"] == 7 and "usable_cpus" in host
+    assert agent.commands.pending and [q[0] for q in agent.commands._queue] == ["read_threads"]

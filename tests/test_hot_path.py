@@ -524,3 +524,59 @@ def test_the_tracker_makes_the_same_steps_of_folded_and_expanded_events(shape, t
     assert reference
     for seed in (None, 1, 2, 3):
         assert steps(folded, seed) == reference
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
+def test_torch_threads_are_read_on_the_training_thread_at_a_step_end(accelerated, tmp_path):
+    """torch keeps the thread count per thread once a thread has asked for it (OpenMP's own setting, set at its first
+    call): the sampler's thread, which asked before the script's set_num_threads, would keep reading the old count. The count the sampler sends is read by the training thread at a step end."""
+    import threading
+    from types import SimpleNamespace
+
+    from perfmon.agent.commands import Commands
+
+    agent = SimpleNamespace(run_dir=tmp_path, enabled=True, record_error=lambda where, exc: pytest.fail(f"{where}: {exc}"),
+                            publish=lambda msg: None, tracker=SimpleNamespace(count=0))
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    ready, asked = threading.Event(), threading.Event()
+
+    def sampler() -> None:  # reads once before the script changes its thread count, then again after
+        seen.append(torch.get_num_threads())
+        ready.set()
+        asked.wait(30)
+        seen.append(torch.get_num_threads())
+
+    other = threading.Thread(target=sampler)
+    other.start()
+    ready.wait(30)
+    cmds = Commands(agent, {})
+    inst = Instrumentation(lambda *a: None, lambda where, exc: pytest.fail(f"{where}: {exc}"), cmds.boundary,
+                           accelerated=accelerated, commands=cmds)
+    inst.install()
+    inst.fast = lambda event: None
+    want = before + 2
+    try:
+        cmds.read_torch_threads()
+        assert cmds.torch_threads == before
+        torch.set_num_threads(want)
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        assert cmds.torch_threads == before  # nobody asked
+        cmds.refresh_torch_threads()
+        cmds.refresh_torch_threads()  # asked twice: read once
+        assert sum(q[0] == "read_threads" for q in cmds._queue) == 1
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        assert cmds.torch_threads == want and not cmds.pending
+        asked.set()
+        other.join()
+        assert seen == [before, before]  # what a thread of its own would have sent
+    finally:
+        asked.set()
+        other.join()
+        inst.uninstall()
+        torch.set_num_threads(before)

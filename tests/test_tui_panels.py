@@ -638,3 +638,21 @@ def test_ops_view_of_a_gpu_window_analysed_from_its_trace(tmp_path: Path) -> Non
     kernels = text.split("\nkernel")[1]
     assert "ncclKernel_AllReduce" in kernels and "device ms" in kernels
     assert "syncs/step 8.0 · device busy 22% · compute 17% · comm 25% · overlap 14%" in text
+
+
+def test_host_view_shows_a_cpu_limit_and_torch_threads_only_when_known() -> None:
+    from rich.style import Style
+
+    from perfmon.messages import HostSample
+    from perfmon.tui.widgets.host import HostInfo, HostView
+
+    styles = {k: Style() for k in ("label", "value", "chart", "span", "trainer", "used", "free")}
+
+    def text(**host: Any) -> str:
+        info = HostInfo(host=HostSample(cpu_count=32, threads=40, **host), series=(), span="60s", peak_rss=None)
+        return "\n".join(line.plain for line in HostView(info, styles).lines(120))
+
+    limited = text(usable_cpus=8.0, torch_threads=32)
+    assert "of 32 CPUs (8 usable) · load" in limited and "threads 40 · torch 32" in limited
+    plain = text(usable_cpus=32.0)  # the whole host, torch not imported yet
+    assert "of 32 CPUs · load" in plain and "torch" not in plain

@@ -96,6 +96,7 @@ def install_hooks(agent: Agent) -> None:
         from perfmon.agent.hooks import Instrumentation
 
         agent.commands = Commands(agent, _profile_config())
+        agent.commands.read_torch_threads()  # on the thread that imported torch: the script's, as a rule
         # the commands' own boundary check, called straight from the hooks at every step end (not via the agent)
         inst = Instrumentation(agent.emit, agent.record_error, agent.commands.boundary, commands=agent.commands)
         inst.install()

@@ -41,6 +41,9 @@ class Commands(CommandFields):
         self._queue: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]] = []
         self._lock = threading.Lock()
         self.pending = self.count_flops_at_start
+        #: torch's intra-op threads as the training thread sees them (OpenMP keeps the count per thread: the
+        #: sampler's own thread would read its own); read at install and refreshed at a step end on request
+        self.torch_threads: int | None = None
         self._next_every = self.every if self.every else None
         self._next_time = time.monotonic() + self.interval if self.interval else None
         if self.count_flops_at_start:
@@ -103,7 +106,25 @@ class Commands(CommandFields):
         when = f"at step {at}" if isinstance(at, int) and at > self.boundaries else "at the next step boundary"
         answer({"ok": True, "done": False, "message": f"{name}: starts {when}"})
 
+    def refresh_torch_threads(self) -> None:
+        """Have the training thread read torch's thread count at its next step end (the sampler asks)."""
+        with self._lock:
+            if not any(q[0] == "read_threads" for q in self._queue):
+                self._queue.append(("read_threads", {}, lambda r: None))
+                self.pending = True
+
     # -- training thread ---------------------------------------------------------------------------
+    def read_torch_threads(self) -> None:
+        """torch's intra-op thread count, read on this (the training) thread."""
+        torch = sys.modules.get("torch")
+        try:
+            self.torch_threads = int(torch.get_num_threads()) if torch is not None else None
+        except Exception:  # noqa: BLE001 - a torch half imported, or stubbed
+            self.torch_threads = None
+
+    def _do_read_threads(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+        self.read_torch_threads()
+
     def boundary(self) -> None:
         """A step just ended on the training thread."""
         self.boundaries += 1

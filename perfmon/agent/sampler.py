@@ -64,6 +64,11 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
     }
 
 
+def _perfmon_threads() -> set[int]:
+    """perfmon's own threads in the job: not the trainer's when its CPU wait is read."""
+    return {t.native_id for t in threading.enumerate() if t.name.startswith("perfmon") and t.native_id}
+
+
 #: The model's facts are recounted at least this often even when nothing they depend on seems to change.
 MODEL_RECOUNT_S = 60.0
 
@@ -75,7 +80,7 @@ class Sampler:
         self.agent = agent
         self.interval = interval
         self.nvml = NvmlSampler(nvml_backend, pid=agent.pid)
-        self.host = HostSampler(agent.pid)
+        self.host = HostSampler(agent.pid, _perfmon_threads)
         self.cuda = CudaMemorySampler(window_peaks=agent.meta.get("window_peaks", True))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -109,8 +114,13 @@ class Sampler:
 
     def sample_once(self) -> None:
         gpus = self.nvml.sample() if self.nvml.handles else []
+        host = self.host.sample()
+        commands = self.agent.commands
+        if commands is not None:  # None before the script imports torch
+            host["torch_threads"] = commands.torch_threads
+            commands.refresh_torch_threads()  # read afresh for the next sample: one call at a step end
         msg = protocol.message(
-            "sample", t=time.time(), host=self.host.sample(), gpus=gpus, cuda_mem=self.cuda.sample(self._cuda_device()),
+            "sample", t=time.time(), host=host, gpus=gpus, cuda_mem=self.cuda.sample(self._cuda_device()),
             sampler_cpu_s=round(self.cpu_s, 6), interval_s=self.interval,
         )
         self.agent.publish(msg)

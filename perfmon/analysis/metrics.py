@@ -153,6 +153,7 @@ def recent_host(store: Store) -> HostSample | None:
         last, cpu_percent=mean([h.cpu_percent for h in hosts], last.cpu_percent),
         workers_cpu_percent=mean([h.workers_cpu_percent for h in hosts], last.workers_cpu_percent),
         workers_wait_percent=mean([h.workers_wait_percent for h in hosts], last.workers_wait_percent),
+        trainer_wait_percent=mean(list(store.busy_trainer_waits), last.trainer_wait_percent),
         system_cpu_percent=mean([h.system_cpu_percent for h in hosts], last.system_cpu_percent),
     )
 

@@ -147,6 +147,9 @@ def _host(state: RunState) -> dict[str, Any]:
         "mean_cpu_percent": _round(state.mean_cpu_percent, 2),
         "peak_cpu_percent": state.peaks.cpu_percent,
         "cpu_count": host.cpu_count if host else None,
+        "usable_cpus": host.usable_cpus if host else None,
+        "cpu_limit": host.cpu_limit if host else None,
+        "torch_threads": host.torch_threads if host else None,
         "mem_total_bytes": host.mem_total_bytes if host else None,
         "samples": state.samples_seen,
         "sampler_cpu_fraction": _round(state.sampler_cpu_s / (state.samples_seen * state.sample_interval), 6)

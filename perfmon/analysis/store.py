@@ -96,6 +96,10 @@ class Store:
         # host samples taken while steps advanced: CPU use is judged over these, not one instant
         self.busy_hosts: deque[HostSample] = deque(maxlen=10)
         self._steps_at_sample = 0
+        # the trainer's CPU wait comes every few samples, over the time since its last reading: judged over the
+        # readings whose span saw steps advance (one sample in five may not itself follow a steps message)
+        self.busy_trainer_waits: deque[float] = deque(maxlen=4)
+        self._steps_at_wait = 0
 
     @property
     def steps_folded(self) -> int:
@@ -212,6 +216,10 @@ class Store:
             if self.steps > self._steps_at_sample:
                 self.busy_hosts.append(host)
             self._steps_at_sample = self.steps
+            if host.trainer_wait_percent is not None:
+                if self.steps > self._steps_at_wait:
+                    self.busy_trainer_waits.append(host.trainer_wait_percent)
+                self._steps_at_wait = self.steps
             if host.cpu_percent is not None:
                 series["cpu"].add(t, host.cpu_percent)
                 self.cpu_sum += host.cpu_percent

@@ -13,6 +13,8 @@ from typing import Any
 
 import psutil
 
+from perfmon.collectors.cpus import thread_wait_ns, usable_cpus
+
 
 def _safe(fn: Callable[[], Any]) -> Any:
     try:
@@ -24,8 +26,11 @@ def _safe(fn: Callable[[], Any]) -> Any:
 class HostSampler:
     """Call :meth:`sample` periodically; CPU percentages are over the time since the last call."""
 
-    def __init__(self, pid: int | None = None) -> None:
+    def __init__(self, pid: int | None = None, skip_threads: Callable[[], set[int]] | None = None) -> None:
+        """``skip_threads``: thread ids not counted as the trainer's when its threads' CPU wait is read (the
+        monitor's own threads in the job)."""
         self.proc = psutil.Process(pid or os.getpid())
+        self._skip_threads = skip_threads or set
         self._children: dict[int, psutil.Process] = {}
         self._io_last: tuple[float, int] | None = None
         self._waits: dict[int, tuple[float, int]] = {}  # worker pid -> (when, its run-queue wait so far, ns)
@@ -33,6 +38,8 @@ class HostSampler:
         self._others: set[int] = set()  # descendants the last full scan found
         self._swap: Any = None  # psutil.swap_memory(), read every SWAP_EVERY samples
         self.cpu_count = psutil.cpu_count() or 1
+        self.limit = usable_cpus(self.cpu_count)
+        self._trainer_wait: tuple[float, int] | None = None  # (when, its threads' run-queue wait so far, ns)
         _safe(lambda: self.proc.cpu_percent(None))
         _safe(lambda: psutil.cpu_percent(None))
 
@@ -70,7 +77,9 @@ class HostSampler:
         w_cpu = [_safe(lambda w=w: w.cpu_percent(None)) for w in workers]
         w_rss = [_safe(lambda w=w: w.memory_info().rss) for w in workers]
         vm = _safe(psutil.virtual_memory)
-        if self._samples % SWAP_EVERY == 1 or self._swap is None:  # two /proc files: ~0.1 ms of the job's GIL
+        # read every SWAP_EVERY samples: two /proc files (~0.1 ms of the job's GIL), and one a thread
+        slow = self._samples % SWAP_EVERY == 1 or self._swap is None
+        if slow:
             self._swap = _safe(psutil.swap_memory)
         sw = self._swap
         load = _safe(os.getloadavg)
@@ -84,6 +93,9 @@ class HostSampler:
             "workers_wait_percent": self._workers_wait(workers),
             "system_cpu_percent": _safe(lambda: psutil.cpu_percent(None)),
             "cpu_count": self.cpu_count,
+            "usable_cpus": self.limit.usable,
+            "cpu_limit": self.limit.limit,
+            "trainer_wait_percent": self._trainer_wait_percent() if slow else None,
             "mem_used_bytes": getattr(vm, "used", None),
             "mem_total_bytes": getattr(vm, "total", None),
             "mem_available_bytes": getattr(vm, "available", None),
@@ -111,6 +123,16 @@ class HostSampler:
                 known = True
         self._waits = seen
         return total if known or not workers else None
+
+    def _trainer_wait_percent(self) -> float | None:
+        """Time the trainer's threads spent runnable but waiting for a CPU since the last reading (100 = one
+        thread all the time): what a host shared with other work, or more threads than CPUs, takes from it."""
+        now = time.monotonic()
+        wait = thread_wait_ns(self.proc.pid, self._skip_threads())
+        last, self._trainer_wait = self._trainer_wait, (None if wait is None else (now, wait))
+        if wait is None or last is None or now <= last[0]:
+            return None
+        return max(0, wait - last[1]) / 1e9 / (now - last[0]) * 100.0
 
     def _io_rate(self) -> float | None:
         io = _safe(self.proc.io_counters)

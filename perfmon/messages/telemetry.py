@@ -62,6 +62,10 @@ class HostSample:
     workers_rss_bytes: float | None = None
     system_cpu_percent: float | None = None  # the whole host, 0..100
     cpu_count: int | None = None
+    usable_cpus: float | None = None  # what this process may use: the CPU affinity mask or cgroup quota, if fewer
+    cpu_limit: str | None = None  # what limits ``usable_cpus`` below ``cpu_count``; None: nothing
+    torch_threads: int | None = None  # torch's intra-op threads in the trainer
+    trainer_wait_percent: float | None = None  # the trainer's threads runnable but waiting for a CPU, 100 = one
     mem_used_bytes: float | None = None
     mem_total_bytes: float | None = None
     mem_available_bytes: float | None = None

@@ -10,7 +10,7 @@ from perfmon.analysis.rules.base import REGISTRY, Config, Facts, Finding, rule
 from perfmon.analysis.rules.engine import Engine, evaluate_once
 
 # importing the families registers their rules
-from perfmon.analysis.rules import device, distributed, input_pipeline, memory, steps  # noqa: E402,F401  isort: skip
+from perfmon.analysis.rules import device, distributed, host_cpu, input_pipeline, memory, steps  # noqa: E402,F401  isort: skip
 from perfmon.analysis.rules.distributed import JOB_REGISTRY, evaluate_job  # noqa: E402
 
 __all__ = ["JOB_REGISTRY", "REGISTRY", "evaluate_job", "Config", "Engine", "Facts", "Finding", "evaluate_once", "rule"]

@@ -71,7 +71,8 @@ def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
              "system_cpu_percent": round(system * 100.0, 1), "cpu_count": cpus, "data_share": round(share, 4)},
             "Preprocessing is CPU-bound: more workers will not help past the CPU count. Make each sample cheaper "
             "(pre-decode, smaller images, simpler augmentation), move augmentation to the GPU, or use a host with more cores.",
-            impact=share, supersedes=("input-bound",),
+            # the trainer then waits for a CPU too: its own workers are why
+            impact=share, supersedes=("input-bound", "cpu-contention"),
         )
     if per_worker >= cfg.loader_cpu_saturated and nw < cpus:
         want = min(cpus, 2 * nw)

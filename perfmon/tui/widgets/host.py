@@ -64,12 +64,17 @@ class HostView:
             cpu.append(suffix, st["span"])
         system = Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
         system.append("system ", st["label"]).append(fmt.pct(h.system_cpu_percent), st["value"])
-        system.append(f" of {fmt.num(cpus)} CPUs · load ", st["label"])
+        system.append(f" of {fmt.num(cpus)} CPUs", st["label"])
+        if h.usable_cpus is not None and cpus and h.usable_cpus < cpus:  # a CPU quota or an affinity mask
+            system.append(" (", st["label"]).append(f"{h.usable_cpus:g}", st["value"]).append(" usable)", st["label"])
+        system.append(" · load ", st["label"])
         system.append(fmt.num(h.load1, digits=2), st["value"])
         rss = Text("RSS".ljust(LABEL_W), st["label"], no_wrap=True, overflow="ellipsis")
         rss.append("trainer ", st["label"]).append(fmt.nbytes(h.rss_bytes), st["value"])
         rss.append(" · peak ", st["label"]).append(fmt.nbytes(info.peak_rss), st["value"])
         rss.append(" · threads ", st["label"]).append(fmt.num(h.threads), st["value"])
+        if h.torch_threads is not None:
+            rss.append(" · torch ", st["label"]).append(fmt.num(h.torch_threads), st["value"])
         workers = h.workers
         loader = Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
         if workers:

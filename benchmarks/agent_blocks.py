@@ -1,0 +1,181 @@
+"""perfmon's whole cost inside one training process, agent on and off in alternating blocks.
+
+    python benchmarks/agent_blocks.py [--job mlp|tiny] [--pairs 30] [--block-s 2.0] [--no-monitor]
+
+Cross-process A/B runs (``agent_cpu.py``) cannot resolve 1% on a shared VM: two processes of the same program
+differ by more than that (memory layout, which core, what else runs). Here one process runs the loop of
+``agent_cpu.py``'s job in blocks of about ``--block-s`` seconds, alternately (ABBA) without perfmon and with a
+whole agent, as ``perfmon`` starts it in a job:
+
+* ``off``: plain torch; no perfmon thread exists (checked);
+* ``on``: a fresh ``Agent`` started (its publisher, socket server and 1 Hz sampler threads, its recording), the
+  torch hooks installed as ``perfmon``'s bootstrap installs them (the C hot path where built), and, unless
+  ``--no-monitor``, a monitor process connected to the agent's socket reading everything the agent sends (as
+  ``perfmon --headless`` and the dashboard are). The block is timed only after a warm-up and once the monitor is
+  connected; afterwards the hooks are removed and the agent finished, outside the timed steps. Every on block
+  must record exactly the steps it ran (the agent's own count is checked).
+
+The agent's work comes in ticks (the publisher twice a second, the sampler once), so an on block starts after a
+random warm-up of 0.1 to 1.1 s: over the pairs the ticks fall evenly across the timed steps, and the mean per-step
+cost is the true average, not a lucky window between ticks. The host's own noise decides how many pairs are
+needed: on a shared 2-core VM one pair's ratio scatters by ~10%, so 1% needs a few hundred pairs.
+
+Printed, over the pairs (each on block against the off block next to it, so drifts of the machine cancel):
+the in-loop wall-time ratio (goal on the ``mlp`` job: <= 1.01) and perfmon's CPU per step, all the process's
+threads together (goal: <= 10 us), with the median, the mean and a 95% interval of the mean (t-based), and how
+the CPU splits between the training thread (the hooks) and perfmon's own threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: a monitor that reads and discards all the agent sends (what a connected monitor costs the job is the send)
+READER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+while s.recv(1 << 16):
+    pass
+"""
+
+
+class Block:
+    """One timed block: per-step wall time, process CPU (every thread) and training-thread CPU, in us."""
+
+    def __init__(self, steps: int, wall: float, process: float, thread: float) -> None:
+        self.wall = wall / steps * 1e6
+        self.process = process / steps * 1e6
+        self.thread = thread / steps * 1e6
+
+
+def timed(step: Callable[[], None], n: int) -> Block:
+    c0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
+    for _ in range(n):
+        step()
+    c1, t1, w1 = time.process_time(), time.thread_time(), time.perf_counter()
+    return Block(n, w1 - w0, c1 - c0, t1 - t0)
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def on_block(step: Callable[[], None], n: int, warmup: int, run_dir: Path, monitor: bool) -> Block:
+    """``warmup`` then ``n`` timed steps under a fresh agent, finished afterwards."""
+    from perfmon import _api
+    from perfmon.agent import bootstrap
+    from perfmon.agent.runtime import Agent
+
+    agent = Agent(run_dir, bootstrap._meta(__file__, sys.argv, False, run_dir))
+    agent.start()
+    _api.set_agent(agent)
+    bootstrap.install_hooks(agent)
+    reader = None
+    try:
+        if monitor and agent.server is not None:
+            reader = subprocess.Popen([sys.executable, "-c", READER, str(agent.server.path)],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            wait_for(lambda: agent.server.client_count == 1, "the monitor to connect")
+        for _ in range(warmup):
+            step()
+        block = timed(step, n)
+    finally:
+        agent.instrumentation.uninstall()
+        agent.finish({"code": 0, "signal": None, "traceback": None, "exception": None})
+        _api.set_agent(None)
+        if reader is not None:
+            reader.wait(timeout=60)  # the agent closed the socket: the reader ends
+    if agent.tracker.count != warmup + n:
+        raise SystemExit(f"the agent counted {agent.tracker.count} steps of {warmup + n}")
+    return block
+
+
+def interval(diffs: list[float]) -> tuple[float, float]:
+    """The mean and the half-width of its 95% interval (Student's t, two-sided)."""
+    from math import sqrt
+
+    t95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042,
+           40: 2.021, 60: 2.000, 120: 1.980}
+    df = len(diffs) - 1
+    t = t95[max(k for k in t95 if k <= max(df, 1))]  # between two keys, the smaller df's t: the wider interval
+    return statistics.fmean(diffs), t * statistics.stdev(diffs) / sqrt(len(diffs))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job", choices=("mlp", "tiny"), default="mlp")
+    p.add_argument("--pairs", type=int, default=30)
+    p.add_argument("--block-s", type=float, default=1.0, help="seconds a timed block lasts, about")
+    p.add_argument("--no-monitor", action="store_true", help="no monitor connected to the agent's socket")
+    args = p.parse_args()
+    # finish() leaves summary.json to the launcher when the launcher is this process's parent
+    os.environ["PERFMON_LAUNCHER_PID"] = str(os.getppid())
+    os.environ.setdefault("PERFMON_RUNTIME_DIR", tempfile.mkdtemp(prefix="perfmon-rt-"))
+
+    import agent_cpu
+
+    step = agent_cpu.make_step(args.job)
+    for _ in range(200):
+        step()
+    probe = timed(step, 200)
+    per_s = 1e6 / probe.wall
+    n = max(100, int(args.block_s * per_s))
+    rng = random.Random(0)
+    threads = threading.active_count()
+    pairs: list[tuple[Block, Block]] = []
+    print(f"job {args.job}: {args.pairs} pairs of blocks of {n} steps (~{args.block_s:.1f} s), "
+          f"monitor {'off' if args.no_monitor else 'connected'}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="perfmon-agent-blocks-") as tmp:
+        for i in range(args.pairs):
+            got: dict[str, Block] = {}
+            for way in ("off", "on") if i % 2 == 0 else ("on", "off"):
+                if way == "on":
+                    warmup = int(rng.uniform(0.1, 1.1) * per_s) + 3  # the first 3 steps find the model
+                    got[way] = on_block(step, n, warmup, Path(tmp) / f"run-{i}", not args.no_monitor)
+                else:
+                    if threading.active_count() != threads:
+                        raise SystemExit(f"perfmon threads left running: {threading.enumerate()}")
+                    for _ in range(int(0.1 * per_s)):
+                        step()
+                    got[way] = timed(step, n)
+            on, off = got["on"], got["off"]
+            pairs.append((on, off))
+            print(f"pair {i:2d}: wall {off.wall:8.2f} -> {on.wall:8.2f} us ({on.wall / off.wall:.4f})   process CPU "
+                  f"{off.process:8.2f} -> {on.process:8.2f} us ({on.process - off.process:+7.2f})", flush=True)
+    report(pairs)
+
+
+def report(pairs: list[tuple[Block, Block]]) -> None:
+    ratios = [on.wall / off.wall for on, off in pairs]
+    cpu = [on.process - off.process for on, off in pairs]
+    hooks = [on.thread - off.thread for on, off in pairs]
+    agent = [on.process - on.thread for on, _ in pairs]  # the job has one torch thread: the rest are perfmon's
+    r_mean, r_half = interval(ratios)
+    c_mean, c_half = interval(cpu)
+    print(f"in-loop wall ratio: median {statistics.median(ratios):.4f}, mean {r_mean:.4f} +- {r_half:.4f} "
+          f"(95%; goal <= 1.01 on the mlp job)")
+    print(f"perfmon's CPU per step, all threads: median {statistics.median(cpu):+.2f} us, mean {c_mean:+.2f} "
+          f"+- {c_half:.2f} us (95%; goal <= 10)")
+    print(f"  training thread (hooks): median {statistics.median(hooks):+.2f} us; "
+          f"perfmon's threads: median {statistics.median(agent):.2f} us, mean {statistics.fmean(agent):.2f} us")
+
+
+if __name__ == "__main__":
+    main()

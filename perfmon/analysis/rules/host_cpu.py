@@ -1,0 +1,50 @@
+"""The trainer's own CPUs: threads that wait for a CPU, and why (too many torch threads, a quota, a shared host)."""
+
+from __future__ import annotations
+
+import math
+
+from perfmon.analysis.rules.base import Config, Facts, Finding, rule
+
+
+@rule("cpu-contention", "the trainer's threads runnable but waiting for a CPU >= 20% of the CPU time they want "
+      "(Linux schedstat), >= 50% critical; the cause named from torch's intra-op threads against the CPUs the "
+      "process may use (affinity mask, cgroup quota) and those other processes leave free")
+def cpu_contention(f: Facts, cfg: Config) -> Finding | None:
+    h = f.host
+    wait, cpu = h.trainer_wait_percent, h.cpu_percent
+    if wait is None or cpu is None or cpu + wait <= 0:
+        return None
+    share = wait / (cpu + wait)  # of what the trainer's threads want, the part they sit waiting for
+    if share < cfg.cpu_wait_warn:
+        return None
+    host_cpus = h.cpu_count or 1
+    usable = min(h.usable_cpus or host_cpus, host_cpus)
+    trainer, workers = cpu / 100.0, (h.workers_cpu_percent or 0.0) / 100.0
+    others = max(0.0, (h.system_cpu_percent or 0.0) / 100.0 * host_cpus - trainer - workers)
+    free = max(0.0, min(usable, host_cpus - others) - workers)  # the CPUs left for the trainer's own threads
+    want = max(1, math.floor(free + 1e-9))
+    threads = h.torch_threads
+    limit = h.cpu_limit or f"the host's {host_cpus} CPUs"
+    if threads is not None and threads > usable:
+        title = f"torch runs {threads} threads on {usable:g} usable CPUs ({limit})"
+        fix = (f"Call torch.set_num_threads({want}) at the start of the script (or set OMP_NUM_THREADS={want}): "
+               f"torch sizes its thread pool from the host's CPUs, not from the {limit}, and its threads then wait "
+               "for each other.")
+    elif threads is not None and threads > free + 0.5:
+        title = (f"{threads} torch threads but {free:.1f} CPUs free: other processes use {others:.1f} of "
+                 f"{host_cpus} CPUs" + (f", DataLoader workers {workers:.1f}" if workers >= 0.1 else ""))
+        fix = (f"Call torch.set_num_threads({want}) (or OMP_NUM_THREADS={want}) so torch's threads fit the free "
+               "CPUs; or give the job a host, or CPUs, of its own.")
+    else:
+        title = f"The trainer waits for a CPU {share:.0%} of the time it wants one"
+        fix = ("Other work takes the CPUs the trainer needs"
+               + (f" (other processes {others:.1f} CPUs, DataLoader workers {workers:.1f})" if others or workers
+                  else "") + ": fewer DataLoader workers, fewer threads in the script, or a host of its own.")
+    return Finding(
+        "cpu-contention", "critical" if share >= cfg.cpu_wait_critical else "warn", title,
+        {"wait_share": round(share, 3), "trainer_wait_percent": round(wait, 1), "trainer_cpu_percent": round(cpu, 1),
+         "torch_threads": threads, "usable_cpus": usable, "cpu_limit": h.cpu_limit, "cpu_count": host_cpus,
+         "other_processes_cpus": round(others, 2), "workers_cpus": round(workers, 2), "free_cpus": round(free, 2)},
+        fix, impact=share,
+    )
