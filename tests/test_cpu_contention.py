@@ -23,6 +23,10 @@ QUIET = {"cpu_percent": 100.0, "cpu_count": 2, "system_cpu_percent": 50.0, "work
     ({"cpu_percent": 200.0, "trainer_wait_percent": 600.0, "cpu_count": 16, "usable_cpus": 2.0,
       "cpu_limit": "cgroup CPU quota (2 CPUs)", "torch_threads": 16, "system_cpu_percent": 14.0},
      "torch runs 16 threads on 2 usable CPUs (cgroup CPU quota (2 CPUs))", "torch.set_num_threads(2)"),
+    # no limit: the script asked for more threads than the host has
+    ({"cpu_percent": 190.0, "trainer_wait_percent": 190.0, "cpu_count": 2, "usable_cpus": 2.0,
+      "torch_threads": 4, "system_cpu_percent": 96.0},
+     "torch runs 4 threads on the host's 2 CPUs", "(or set OMP_NUM_THREADS=2): more threads than CPUs, and"),
     # a fractional quota: the whole CPUs it keeps busy
     ({"cpu_percent": 150.0, "trainer_wait_percent": 150.0, "cpu_count": 8, "usable_cpus": 1.5,
       "cpu_limit": "cgroup CPU quota (1.5 CPUs)", "torch_threads": 8, "system_cpu_percent": 20.0},

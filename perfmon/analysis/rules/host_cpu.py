@@ -23,14 +23,16 @@ def cpu_contention(f: Facts, cfg: Config) -> Finding | None:
     trainer, workers = cpu / 100.0, (h.workers_cpu_percent or 0.0) / 100.0
     others = max(0.0, (h.system_cpu_percent or 0.0) / 100.0 * host_cpus - trainer - workers)
     free = max(0.0, min(usable, host_cpus - others) - workers)  # the CPUs left for the trainer's own threads
-    want = max(1, math.floor(free + 1e-9))
+    want = max(1, math.floor(free + 0.25))  # a whole CPU less a reading's noise (1.98 free is 2)
     threads = h.torch_threads
-    limit = h.cpu_limit or f"the host's {host_cpus} CPUs"
+    limit = h.cpu_limit
     if threads is not None and threads > usable:
-        title = f"torch runs {threads} threads on {usable:g} usable CPUs ({limit})"
+        title = (f"torch runs {threads} threads on {usable:g} usable CPUs ({limit})" if limit
+                 else f"torch runs {threads} threads on the host's {usable:g} CPUs")
+        why = (f"torch sizes its thread pool from the host's CPUs, not from the {limit}" if limit
+               else "more threads than CPUs")
         fix = (f"Call torch.set_num_threads({want}) at the start of the script (or set OMP_NUM_THREADS={want}): "
-               f"torch sizes its thread pool from the host's CPUs, not from the {limit}, and its threads then wait "
-               "for each other.")
+               f"{why}, and its threads wait for each other.")
     elif threads is not None and threads > free + 0.5:
         title = (f"{threads} torch threads but {free:.1f} CPUs free: other processes use {others:.1f} of "
                  f"{host_cpus} CPUs" + (f", DataLoader workers {workers:.1f}" if workers >= 0.1 else ""))
