@@ -101,6 +101,41 @@ def test_host_sampler_real_numbers():
     assert h["workers"] == 0 and h["cpu_percent"] is not None
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
+def test_the_trainers_own_numbers_from_one_stat_read_match_psutil(monkeypatch):
+    """CPU %, threads and RSS come from one read of /proc/PID/stat: the same as psutil's three reads over the same
+    interval; where the file cannot be read, psutil's own."""
+    import threading
+    import time
+
+    import psutil
+
+    from perfmon.collectors import host as host_mod
+
+    stop = threading.Event()
+    extra = threading.Thread(target=stop.wait)  # a thread more than the test runner has
+    extra.start()
+    try:
+        proc, sampler = psutil.Process(), HostSampler()
+        proc.cpu_percent(None)
+        sampler.sample()
+        end = time.process_time() + 0.3
+        while time.process_time() < end:  # CPU time, however busy the machine
+            pass
+        ours, theirs = sampler.sample(), proc.cpu_percent(None)
+        # read a moment apart: the intervals differ by that moment out of 0.3 s or more
+        assert ours["cpu_percent"] == pytest.approx(theirs, abs=10.0) and ours["cpu_percent"] > 5.0
+        assert ours["threads"] == proc.num_threads() >= 2
+        assert ours["rss_bytes"] == pytest.approx(proc.memory_info().rss, rel=0.1)
+        monkeypatch.setattr(host_mod, "_read_stat", lambda pid: None)  # not Linux
+        fallback = HostSampler().sample()
+        assert fallback["threads"] == proc.num_threads() and fallback["rss_bytes"] > 10 * 1024 * 1024
+    finally:
+        stop.set()
+        extra.join()
+    assert host_mod._read_stat(2**22 + 12345) is None  # no such process
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/schedstat"), reason="Linux schedstat")
 def test_workers_that_want_more_cpu_than_they_get_are_seen_waiting():
     """More CPU-bound children than CPUs: what they ran plus what they waited to run adds up to what they
