@@ -4,6 +4,10 @@
 skipped with a warning and perfmon installs all the same, its hooks in pure Python.
 """
 
+import sys
+
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("perfmon.agent._hot", ["perfmon/agent/_hot.c"], optional=True)])
+# fma() is libm's; an interpreter that does not load libm itself would otherwise leave it unresolved
+libm = [] if sys.platform == "win32" else ["m"]
+setup(ext_modules=[Extension("perfmon.agent._hot", ["perfmon/agent/_hot.c"], libraries=libm, optional=True)])

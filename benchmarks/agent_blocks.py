@@ -23,7 +23,9 @@ needed: on a shared 2-core VM one pair's ratio scatters by ~10%, so 1% needs a f
 Printed, over the pairs (each on block against the off block next to it, so drifts of the machine cancel):
 the in-loop wall-time ratio (goal on the ``mlp`` job: <= 1.01) and perfmon's CPU per step, all the process's
 threads together (goal: <= 10 us), with the median, the mean and a 95% interval of the mean (t-based), and how
-the CPU splits between the training thread (the hooks) and perfmon's own threads.
+the CPU splits between the training thread (the hooks) and perfmon's own threads. And two parts of the
+slowdown that the host's speed does not blur, from Linux's schedstat of the training thread: the time it sleeps
+(waiting for the GIL that perfmon's threads hold) and the time it waits for a CPU, each on minus off, per step.
 """
 
 from __future__ import annotations
@@ -53,20 +55,40 @@ while s.recv(1 << 16):
 
 
 class Block:
-    """One timed block: per-step wall time, process CPU (every thread) and training-thread CPU, in us."""
+    """One timed block, per step in us: wall time, process CPU (every thread), the training thread's CPU, and,
+    from Linux's schedstat of the training thread, its time runnable but waiting for a CPU (``queued``) and its
+    time asleep (``blocked``: wall - on a CPU - queued; in this loop only the GIL puts it to sleep)."""
 
-    def __init__(self, steps: int, wall: float, process: float, thread: float) -> None:
+    def __init__(self, steps: int, wall: float, process: float, thread: float, sched: tuple[int, int] | None) -> None:
         self.wall = wall / steps * 1e6
         self.process = process / steps * 1e6
         self.thread = thread / steps * 1e6
+        self.queued = self.blocked = float("nan")
+        if sched is not None:
+            on_cpu, queued = sched
+            self.queued = queued / 1e3 / steps
+            self.blocked = max(0.0, self.wall - (on_cpu + queued) / 1e3 / steps)
+
+
+def schedstat() -> tuple[int, int] | None:
+    """The calling thread's ns on a CPU and ns runnable waiting for one; None where Linux does not say."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            on_cpu, queued, _ = f.read().split()
+        return int(on_cpu), int(queued)
+    except (OSError, ValueError):
+        return None
 
 
 def timed(step: Callable[[], None], n: int) -> Block:
+    s0 = schedstat()
     c0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
     for _ in range(n):
         step()
     c1, t1, w1 = time.process_time(), time.thread_time(), time.perf_counter()
-    return Block(n, w1 - w0, c1 - c0, t1 - t0)
+    s1 = schedstat()
+    sched = None if s0 is None or s1 is None else (s1[0] - s0[0], s1[1] - s0[1])
+    return Block(n, w1 - w0, c1 - c0, t1 - t0, sched)
 
 
 def wait_for(cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -175,6 +197,14 @@ def report(pairs: list[tuple[Block, Block]]) -> None:
           f"+- {c_half:.2f} us (95%; goal <= 10)")
     print(f"  training thread (hooks): median {statistics.median(hooks):+.2f} us; "
           f"perfmon's threads: median {statistics.median(agent):.2f} us, mean {statistics.fmean(agent):.2f} us")
+    blocked = [on.blocked - off.blocked for on, off in pairs]
+    queued = [on.queued - off.queued for on, off in pairs]
+    if all(b == b for b in blocked):  # schedstat was read (not NaN)
+        b_mean, b_half = interval(blocked)
+        q_mean, q_half = interval(queued)
+        print(f"training thread asleep (the GIL): {statistics.fmean(on.blocked for on, _ in pairs):.2f} us/step on, "
+              f"{statistics.fmean(off.blocked for _, off in pairs):.2f} off: {b_mean:+.2f} +- {b_half:.2f} us/step; "
+              f"waiting for a CPU: {q_mean:+.2f} +- {q_half:.2f} us/step (95%)")
 
 
 if __name__ == "__main__":

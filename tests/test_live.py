@@ -321,6 +321,28 @@ def test_an_overflowing_event_buffer_is_said_once(tmp_path, buffer):
     assert len([t for t in a._unreported if "overflowed" in t]) == 1
 
 
+def test_step_rows_numbers_are_pythons_fixed_point_text():
+    """The C rows write their numbers without printf (``put_fixed``): every kind of double must come out as
+    Python's ``%.Nf`` says it, exact halves rounded to even, negative zero, huge, tiny, inf and NaN included."""
+    import random
+    import struct
+
+    from perfmon.agent.native import HOT
+
+    if HOT is None:
+        pytest.skip("the C hot path is not built here")
+    rng = random.Random(7)
+    values = [0.0, -0.0, 0.5, 1.5, 2.5, -2.5, 0.03125, 0.00005, -0.00004, 1e-300, 2.0**52, 2.0**52 - 0.5, 2.0**53,
+              1e300, -1.7976931348623157e308, float("inf"), float("-inf"), float("nan"), -float("nan")]
+    values += [k / 2**j for k in range(1, 400, 2) for j in (5, 10, 20, 30)]  # exact halves at every precision
+    values += [rng.uniform(1.6e9, 1.8e9) for _ in range(20_000)]  # epoch seconds, the rows' time column
+    values += [rng.random() * 10 ** rng.randint(-6, 6) for _ in range(20_000)]  # milliseconds
+    values += [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(20_000)]
+    for prec in (0, 1, 4, 6, 9):
+        wrong = [(v, prec) for v in values if HOT.format_fixed(v, prec) != "%.*f" % (prec, v)]  # noqa: UP031 - the Python rows use %
+        assert wrong == [], wrong[:5]
+
+
 @pytest.mark.parametrize("live_from", [0, 1, 37, 200])
 def test_step_rows_in_c_are_the_python_rows(tmp_path, live_from):
     """``_hot.step_rows`` (the publisher's common case in C) against the Python loop: the same message text, and
