@@ -232,6 +232,88 @@ def test_publish_re_entered_from_a_signal_handler_does_not_deadlock(agent):
     assert done.is_set()
 
 
+def test_what_a_handler_defers_runs_on_its_own_thread_once_the_outer_publish_returns(agent):
+    import threading as _threading
+
+    ran: list[int] = []
+    assert not agent.defer_while_publishing(lambda: ran.append(1))  # not inside publish: the caller goes on
+    with agent._lock:  # inside publish, as a signal handler finds it
+        assert agent.defer_while_publishing(lambda: ran.append(_threading.get_ident()))
+        agent.publish(protocol.message("event", kind="warning", message="nested", t=0.0))
+        assert ran == []  # the outer publish has not returned yet
+    other = _threading.Thread(target=agent.publish,
+                              args=(protocol.message("event", kind="warning", message="other", t=0.0),))
+    other.start()
+    other.join()
+    assert ran == []  # another thread's publish never runs it (a handler must run on the main thread)
+    agent.publish(protocol.message("event", kind="warning", message="mine", t=0.0))
+    assert ran == [_threading.get_ident()]
+    agent.publish(protocol.message("event", kind="warning", message="again", t=0.0))
+    assert ran == [_threading.get_ident()]  # once
+
+
+SIGTERM_INSIDE_PUBLISH = """
+import os, signal, sys, time
+from pathlib import Path
+from perfmon import protocol
+from perfmon.agent import bootstrap
+from perfmon.agent.runtime import Agent
+from perfmon.agent.steps import BEGIN, BOUNDARY, END, OPTIMIZER_CREATED
+
+run = Path(sys.argv[1])
+agent = Agent(run, {"script": "t.py", "argv": ["t.py"], "pid": os.getpid(), "start": 1.0}, tick=0.05,
+              sample_interval=None)
+agent.start()
+bootstrap._install_sigterm(agent)
+agent.events.append((OPTIMIZER_CREATED, 0.0, None, None))
+t = 1.0
+for i in range(2000):
+    if i:
+        agent.events.append((BOUNDARY, t, None, None))
+    for ph in ("forward", "backward", "optimizer"):
+        agent.events.append((BEGIN, t, ph, None))
+        t += 0.001
+        agent.events.append((END, t, ph, None))
+write = agent.recorder.write
+
+def slow_write(data):
+    if b"from the loop" in data:  # the main thread, inside publish(), holding its lock
+        time.sleep(0.5)  # the publisher drains the 2,000 steps meanwhile and waits for the lock
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, at the next bytecode
+    write(data)
+
+agent.recorder.write = slow_write
+agent.publish(protocol.message("event", kind="warning", message="from the loop", t=0.0))
+time.sleep(60)  # never reached: SIGTERM ends the process when that publish returns
+"""
+
+
+def test_sigterm_inside_publish_finishes_once_publish_returns_and_loses_no_step(tmp_path):
+    """SIGTERM landing while the main thread is inside publish(), with the publisher thread holding a drained
+    batch and waiting for the lock that publish holds: the handler must not finish from there (it would wait for
+    the publisher, which waits for it: a 2 x STALL_S hang, and the batch lost); it finishes as publish returns."""
+    import signal
+    import subprocess
+    import sys
+    import time as _time
+
+    from perfmon.agent import runtime
+
+    env = dict(os.environ, PERFMON_RUNTIME_DIR=str(tmp_path / "rt"), PERFMON_LAUNCHER_PID=str(os.getpid()))
+    t0 = _time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_INSIDE_PUBLISH, str(tmp_path / "run")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    took = _time.monotonic() - t0
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    state = RunState()
+    for msg in ReplaySource(tmp_path / "run").messages():
+        state.apply(msg)
+    assert state.steps == 2000, proc.stderr
+    assert state.exit is not None and state.exit.signal == "SIGTERM"
+    assert "agent" not in proc.stderr  # no internal error, no stall timeout
+    assert took < runtime.STALL_S, took  # the publisher was never waited for
+
+
 def test_a_fast_job_sends_monitors_a_bulk_summary_and_records_every_row(agent):
     """Over LIVE_ROWS steps in one tick: the socket carries the newest rows and a bulk summary (counts and
     sums exact, percentiles estimated), the recording every row; summary code reloads the recording."""

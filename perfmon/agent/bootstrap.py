@@ -179,6 +179,8 @@ def _install_sigterm(agent: Agent) -> None:
         return
 
     def handler(signum: int, frame: Any) -> None:
+        if agent.defer_while_publishing(lambda: handler(signum, frame)):
+            return  # it landed inside publish(): finish when that returns, or the publisher's steps are lost
         finish_agent(agent, {"code": None, "signal": "SIGTERM", "exception": None, "traceback": None})
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)

@@ -63,9 +63,11 @@ class Agent:
         self.tracker = StepTracker()
         self.cuda = CudaResolver()
         self._seq = 0
-        # re-entrant: the SIGTERM handler publishes the exit from the main thread, which may be inside publish()
+        # re-entrant: code that publishes may run from inside publish() on the same thread (a signal handler; the
+        # SIGTERM handler itself waits for publish to return: defer_while_publishing)
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()  # one flush at a time: the publisher's, or the final one at exit
+        self._deferred: list[tuple[int, Callable[[], None]]] = []  # (thread, what): run when its publish returns
         self._discovery_said: tuple[int, int] = (0, 0)  # steps, monitors in the discovery file
         self._discovery_at = 0.0
         self._stop = threading.Event()
@@ -262,6 +264,26 @@ class Agent:
             if self.server is not None:
                 self.server.broadcast(data)
         self._report_recording_error()
+        if self._deferred:
+            self._run_deferred()
+
+    def defer_while_publishing(self, fn: Callable[[], None]) -> bool:
+        """For a signal handler: when it interrupted this thread inside :meth:`publish`, run ``fn`` as soon as
+        that publish returns, and say True. Finishing from inside would wait for the publisher thread, itself
+        waiting for the lock this thread holds, and lose the steps that thread has in hand."""
+        if not self._lock._is_owned():  # type: ignore[attr-defined]  # both RLocks have it
+            return False
+        self._deferred.append((threading.get_ident(), fn))
+        return True
+
+    def _run_deferred(self) -> None:
+        me = threading.get_ident()
+        mine = [fn for thread, fn in self._deferred if thread == me]
+        if not mine or self._lock._is_owned():  # type: ignore[attr-defined]  # still inside an outer publish
+            return
+        self._deferred = [(thread, fn) for thread, fn in self._deferred if thread != me]
+        for fn in mine:
+            fn()
 
     def publish_text(self, body: str, live: str | None = None) -> None:
         """Like :meth:`publish` for a message already encoded as a JSON object (without ``seq``); the
@@ -275,6 +297,8 @@ class Agent:
             if server is not None and server.client_count:
                 server.broadcast(data if live is None else (head + live[1:] + "\n").encode())
         self._report_recording_error()
+        if self._deferred:
+            self._run_deferred()
 
     def _greeting(self) -> bytes:
         hello = protocol.message("hello", **self.meta, live_seq=self._seq)
