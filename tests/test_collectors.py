@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from fake_nvml import (
@@ -381,16 +382,69 @@ def test_the_model_is_recounted_only_when_it_changes(monkeypatch):
     assert len(counts) == 4 and len(published) == 3  # same facts: not re-sent
 
 
-def test_swap_is_read_every_few_samples_and_always_reported(monkeypatch):
+MEMINFO = b"""MemTotal:       16000000 kB
+MemFree:         2000000 kB
+MemAvailable:    9000000 kB
+Buffers:          100000 kB
+Cached:          6000000 kB
+SwapCached:            0 kB
+SwapTotal:       4000000 kB
+SwapFree:        3000000 kB
+"""
+
+
+@pytest.mark.parametrize("text, want", [
+    (MEMINFO, (16_000_000 * 1024, 7_000_000 * 1024, 9_000_000 * 1024, 1_000_000 * 1024)),
+    # a container's view where available exceeds total (LXC): free counts as available, as psutil does
+    (MEMINFO.replace(b"9000000", b"99000000"), (16_000_000 * 1024, 14_000_000 * 1024, 2_000_000 * 1024,
+                                                1_000_000 * 1024)),
+    (MEMINFO.replace(b"SwapTotal", b"SwapTotalX"), (16_000_000 * 1024, 7_000_000 * 1024, 9_000_000 * 1024, None)),
+    (MEMINFO.replace(b"MemAvailable", b"Other"), None),  # an old kernel: psutil estimates available
+    (b"", None),
+])
+def test_meminfo_is_parsed_for_the_fields_used(text, want):
     from perfmon.collectors import host as host_mod
 
-    reads: list[int] = []
-    real = host_mod.psutil.swap_memory
-    monkeypatch.setattr(host_mod.psutil, "swap_memory", lambda: (reads.append(1), real())[1])
+    assert host_mod.parse_meminfo(text) == want
+
+
+@pytest.mark.parametrize("line, want", [
+    # user nice system idle iowait irq softirq steal guest guest_nice: guests are inside user and nice
+    (b"cpu  100 10 50 800 40 5 5 0 30 0\n", (170, 1010)),
+    (b"cpu  100 10 50 800 40\n", (160, 1000)),  # old kernels: fewer columns
+    (b"cpu0 100 10 50 800 40 5 5 0\n", None),  # a per-CPU line is not the total
+    (b"cpu  x y\n", None),
+    (b"", None),
+])
+def test_the_hosts_cpu_times_are_parsed_as_psutil_counts_them(line, want):
+    from perfmon.collectors import host as host_mod
+
+    assert host_mod.parse_cpu_line(line) == want
+
+
+def test_host_memory_cpu_and_io_agree_with_psutil():
+    """The /proc readings against psutil's own, taken together: the same totals, and used, available, swap,
+    the host's CPU % and this process's bytes read within what moves between two reads."""
+    import psutil
+
+    from perfmon.collectors import host as host_mod
+
     sampler = host_mod.HostSampler(os.getpid())
-    samples = [sampler.sample() for _ in range(host_mod.SWAP_EVERY + 1)]
-    assert len(reads) == 2  # the first sample, then SWAP_EVERY samples later
-    assert all(s["swap_used_bytes"] is not None for s in samples)
+    psutil.cpu_percent(None)
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        sum(range(10_000))  # some CPU use to measure
+    h = sampler.sample()
+    theirs_cpu = psutil.cpu_percent(None)
+    vm, sw = psutil.virtual_memory(), psutil.swap_memory()
+    assert h["mem_total_bytes"] == vm.total
+    assert abs(h["mem_available_bytes"] - vm.available) < 0.02 * vm.total
+    assert abs(h["mem_used_bytes"] - (vm.total - vm.available)) < 0.02 * vm.total
+    assert abs(h["swap_used_bytes"] - sw.used) <= max(0.02 * sw.total, 1 << 20)
+    assert h["system_cpu_percent"] is not None and abs(h["system_cpu_percent"] - theirs_cpu) < 25.0
+    assert host_mod._read_io_bytes(os.getpid()) == psutil.Process().io_counters().read_bytes
+    samples = [sampler.sample() for _ in range(host_mod.SLOW_EVERY)]
+    assert all(s["swap_used_bytes"] is not None for s in samples)  # in every sample, not every few
 
 
 def test_the_sampler_sends_the_trainers_torch_threads_and_asks_for_them_afresh(tmp_path):

@@ -120,7 +120,7 @@ class Sampler:
             host["torch_threads"] = commands.torch_threads
             commands.refresh_torch_threads()  # read afresh for the next sample: one call at a step end
         msg = protocol.message(
-            "sample", t=time.time(), host=host, gpus=gpus, cuda_mem=self.cuda.sample(self._cuda_device()),
+            "sample", t=time.time(), host=host, gpus=gpus, cuda_mem=self.cuda.sample(self._cuda_device),
             sampler_cpu_s=round(self.cpu_s, 6), interval_s=self.interval,
         )
         self.agent.publish(msg)

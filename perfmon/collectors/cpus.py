@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfmon.collectors.procfs import read_proc
+
 
 @dataclass(frozen=True)
 class CpuLimit:
@@ -130,8 +132,7 @@ def thread_wait_ns(pid: int, skip: set[int]) -> int | None:
         if int(tid) in skip:
             continue
         try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[1])
+            total += int(read_proc(f"/proc/{pid}/task/{tid}/schedstat").split()[1])
             known = True
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended meanwhile

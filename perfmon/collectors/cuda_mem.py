@@ -9,6 +9,7 @@ script's own ``max_memory_allocated()`` unchanged.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from perfmon.collectors.peak_window import PeakWindows
@@ -38,13 +39,17 @@ class CudaMemorySampler:
             return self._windows.take(device), True
         return torch.cuda.memory.memory_stats_as_nested_dict(device), False
 
-    def sample(self, device: int = 0) -> dict[str, Any] | None:
+    def sample(self, device: int | Callable[[], int] = 0) -> dict[str, Any] | None:
+        """The allocator's numbers for ``device`` (or the device a callable names: asked only once CUDA is
+        initialised, as finding it walks the model); None before torch imports or initialises CUDA."""
         torch = sys.modules.get("torch")
         if torch is None:
             return None
         try:
             if not torch.cuda.is_initialized():
                 return None
+            if callable(device):
+                device = device()
             stats, windowed = self._stats(torch, device)
         except Exception:  # noqa: BLE001 - "n/a", never raise
             return None
