@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from perfmon import messages
 from perfmon.analysis.profile_window import export_text, summarise_window
+from perfmon.messages.commands import Command
 from perfmon.monitor.launch import Target, TrainingProcess
 from perfmon.monitor.sources import LiveSource, wait_for_socket
 
@@ -70,11 +72,11 @@ def session(tmp_path):
 
 def test_profile_window_on_demand_and_busy_and_export(session):
     session.wait_for(lambda m: m.get("type") == "steps")
-    assert session.source.send({"name": "export", "id": 1})
+    assert session.source.send(Command("export", id=1))
     assert "no profiler window yet" in session.result("export", after=1)["message"]
-    assert session.source.send({"name": "profile", "id": 2})
+    assert session.source.send(Command("profile", id=2))
     assert session.result("profile", done=False)["ok"] is True
-    assert session.source.send({"name": "profile", "id": 3})
+    assert session.source.send(Command("profile", id=3))
     busy = session.wait_for(lambda m: m.get("kind") == "command_result" and m.get("id") == 3)
     assert busy["ok"] is False and "busy" in busy["message"]
     raw = session.wait_for(lambda m: m.get("type") == "profile")
@@ -93,24 +95,24 @@ def test_profile_window_on_demand_and_busy_and_export(session):
     # cached outside traces/ (tools read every .json there): a replay does not parse the trace again
     assert (session.proc.run_dir / "analysis" / (trace.name + ".summary.json")).is_file()
     assert [p.name for p in trace.parent.iterdir()] == [trace.name]
-    assert session.source.send({"name": "export", "id": 4})
+    assert session.source.send(Command("export", id=4))
     assert session.result("export", after=4)["trace"] == str(trace)
-    out = export_text(prof, session.proc.run_dir)
+    out = export_text(messages.parse(prof), session.proc.run_dir)  # type: ignore[arg-type]
     assert out.parent == session.proc.run_dir / "exports" and out.read_text().count("aten::") >= 3
 
 
 def test_cpu_cache_and_snapshot_say_plainly_there_is_no_cuda(session):
     session.wait_for(lambda m: m.get("type") == "steps")
-    session.source.send({"name": "empty_cache", "id": 1})
+    session.source.send(Command("empty_cache", id=1))
     assert session.result("empty_cache")["message"] == "no CUDA device: nothing to free"
-    session.source.send({"name": "memory_snapshot", "id": 2})
+    session.source.send(Command("memory_snapshot", id=2))
     snap = session.result("memory_snapshot")
     assert snap["ok"] is False and "n/a" in snap["message"]
 
 
 def test_count_flops_of_one_step(session):
     session.wait_for(lambda m: m.get("type") == "steps")
-    session.source.send({"name": "count_flops", "id": 1})
+    session.source.send(Command("count_flops", id=1))
     res = session.result("count_flops")
     # MLP 256-1024-1024-1, batch 64: forward 2*64*(256*1024 + 1024*1024 + 1024) FLOPs; backward ~2x
     forward = 2 * 64 * (256 * 1024 + 1024 * 1024 + 1024)

@@ -12,6 +12,7 @@ from typing import Any
 from tui_fixtures import write_job
 
 from perfmon.analysis.job import RANK_KEY, JobState
+from perfmon.messages.commands import Command
 from perfmon.monitor.job_source import JobSource
 from perfmon.monitor.sources import Source
 
@@ -59,10 +60,10 @@ def test_a_followed_job_whose_ranks_died_unrecorded_ends(tmp_path: Path) -> None
 
 class _Rank(Source):
     def __init__(self) -> None:
-        self.sent: list[dict] = []
+        self.sent: list[Command] = []
         self.connected = True
 
-    def send(self, command: dict[str, Any]) -> bool:
+    def send(self, command: Command) -> bool:
         self.sent.append(command)
         return True
 
@@ -71,12 +72,12 @@ def test_commands_go_to_every_rank_or_those_named(tmp_path: Path) -> None:
     source = JobSource(tmp_path, follow=False)
     ranks = {0: _Rank(), 1: _Rank(), 2: _Rank()}
     source._ranks.update(ranks)
-    assert source.send({"name": "profile", "at_step": 50})
+    assert source.send(Command("profile", at_step=50))
     assert [len(r.sent) for r in ranks.values()] == [1, 1, 1]
-    assert ranks[2].sent[0] == {"name": "profile", "at_step": 50}
-    assert source.send({"name": "empty_cache", "ranks": [1]})
+    assert ranks[2].sent[0] == Command("profile", at_step=50)
+    assert source.send(Command("empty_cache", ranks=(1,)))
     assert [len(r.sent) for r in ranks.values()] == [1, 2, 1]
-    assert ranks[1].sent[-1] == {"name": "empty_cache"}  # the agents get the command, not the routing
+    assert ranks[1].sent[-1] == Command("empty_cache")  # the agents get the command, not the routing
     assert source.ranks_connected() == [0, 1, 2]
 
 

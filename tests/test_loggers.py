@@ -16,6 +16,7 @@ from tui_fixtures import write_job, write_recording
 
 from perfmon.analysis.job import JobState
 from perfmon.analysis.report import load_recording
+from perfmon.messages.commands import Command
 from perfmon.monitor.job_source import JobSource
 from perfmon.monitor.loggers import LoggerError, ScalarLoggers, scalars
 
@@ -69,15 +70,15 @@ def test_a_job_logs_one_series_per_rank_and_cleared_findings_log_zero(tmp_path: 
     for msg in JobSource(job_dir, follow=False).messages():
         job.apply(msg)
     loggers = ScalarLoggers(job_dir, tensorboard=True, interval=3600)
-    sent: list[dict] = []
+    sent: list[Command] = []
     loggers.wandb = True
     loggers.watch(lock, job=job, send=lambda c: sent.append(c) or True)
     loggers.flush()
-    assert [c["ranks"] for c in sent] == [[0], [1]]  # each rank's numbers to its own run
-    assert sent[1]["metrics"]["perfmon/finding/straggler"] == 3.0  # critical, on the slow rank
+    assert [(c.name, c.ranks) for c in sent] == [("log_metrics", (0,)), ("log_metrics", (1,))]  # each its own run
+    assert sent[1].metrics["perfmon/finding/straggler"] == 3.0  # critical, on the slow rank
     job.ranks[1].recent.clear()  # nothing to judge any more: the straggler clears
     loggers.flush()
-    assert sent[-1]["metrics"]["perfmon/finding/straggler"] == 0.0
+    assert sent[-1].metrics["perfmon/finding/straggler"] == 0.0
     loggers.close()
     tb = tb_scalars(job_dir)
     assert "rank0/perfmon/step_ms" in tb and "rank1/perfmon/finding/straggler" in tb

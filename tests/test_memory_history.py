@@ -17,6 +17,9 @@ import torch
 
 from perfmon.agent.commands import Commands
 from perfmon.agent.memory_history import DEFAULT_STEPS, MemorySnapshots
+from perfmon.messages.commands import Command, CommandError, parse_command
+
+SNAPSHOT = Command("memory_snapshot")
 
 
 class FakeCudaMemory:
@@ -75,7 +78,7 @@ def dumps(fake: FakeCudaMemory) -> list[tuple]:
 def test_records_exactly_n_steps_then_saves_and_turns_history_off(tmp_path):
     fake = FakeCudaMemory()
     snaps, errors = make(tmp_path, fake)
-    msg = {"name": "memory_snapshot"}
+    msg = SNAPSHOT
     assert snaps.check(msg, queued=False) is None
     ack = snaps.accepted(msg)
     assert ack["done"] is False and ack["message"] == f"memory snapshot: recording allocation history for {DEFAULT_STEPS} steps…"
@@ -107,7 +110,7 @@ def test_history_the_script_turned_on_is_dumped_at_once_and_left_alone(tmp_path)
     fake = FakeCudaMemory(history="state")  # the user's own settings: not even "all"
     snaps, errors = make(tmp_path, fake)
     replies = Replies()
-    snaps.begin({"name": "memory_snapshot"}, replies)
+    snaps.begin(SNAPSHOT, replies)
     assert fake.calls == [("dump", "state")]  # no _record_memory_history call at all
     assert fake.history == "state" and not snaps.recording
     assert replies.last["ok"] and replies.last["done"] and Path(replies.last["path"]).exists()
@@ -121,22 +124,22 @@ def test_history_the_script_turned_on_is_dumped_at_once_and_left_alone(tmp_path)
 def test_without_the_allocator_flag_recorded_traces_show_history_is_on(tmp_path):
     user = FakeCudaMemory(history="all")
     snaps, _ = make(tmp_path, user, flag=False)
-    snaps.begin({}, Replies())
+    snaps.begin(SNAPSHOT, Replies())
     assert user.calls == [("dump", "all")] and user.history == "all"
 
     off = FakeCudaMemory()
     snaps, _ = make(tmp_path, off, flag=False)
-    snaps.begin({}, Replies())
+    snaps.begin(SNAPSHOT, Replies())
     assert off.calls[0][:2] == ("record", "all") and snaps.recording
 
 
 def test_steps_field_sets_the_length_and_bad_values_are_refused(tmp_path):
     fake = FakeCudaMemory()
     snaps, _ = make(tmp_path, fake)
-    for bad in (0, -1, "5", 2.5, True, 10_000):
-        refusal = snaps.check({"steps": bad}, queued=False)
-        assert refusal["ok"] is False and refusal["done"] is True and "steps" in refusal["message"], bad
-    msg = {"steps": 2}
+    for bad in (0, -1, "5", 2.5, True, 10_000):  # refused where the command is parsed, before it gets here
+        refusal = parse_command({"name": "memory_snapshot", "steps": bad})
+        assert isinstance(refusal, CommandError) and "steps" in refusal.result()["message"], bad
+    msg = Command("memory_snapshot", steps=2)
     assert snaps.check(msg, queued=False) is None and "for 2 steps" in snaps.accepted(msg)["message"]
     replies = Replies()
     snaps.begin(msg, replies)
@@ -149,13 +152,13 @@ def test_steps_field_sets_the_length_and_bad_values_are_refused(tmp_path):
 def test_busy_while_queued_or_recording(tmp_path):
     fake = FakeCudaMemory()
     snaps, _ = make(tmp_path, fake)
-    assert "busy" in snaps.check({}, queued=True)["message"]
+    assert "busy" in snaps.check(SNAPSHOT, queued=True)["message"]
     first, second = Replies(), Replies()
-    snaps.begin({}, first)
+    snaps.begin(SNAPSHOT, first)
     snaps.boundary()
-    busy = snaps.check({}, queued=False)
+    busy = snaps.check(SNAPSHOT, queued=False)
     assert busy["ok"] is False and busy["message"].startswith("busy") and "4 of 5 steps" in busy["message"]
-    snaps.begin({}, second)  # slipped past check: still refused, recording untouched
+    snaps.begin(SNAPSHOT, second)  # slipped past check: still refused, recording untouched
     assert second.last["ok"] is False and "busy" in second.last["message"]
     assert len(fake.calls) == 1 and snaps.left == 4
 
@@ -166,7 +169,7 @@ def test_torch_without_the_private_api_is_not_available(tmp_path):
             raise AssertionError("must not be called")
 
     snaps, _ = make(tmp_path, OldTorchMemory(), flag=False)  # type: ignore[arg-type]
-    refusal = snaps.check({}, queued=False)
+    refusal = snaps.check(SNAPSHOT, queued=False)
     assert refusal == {"ok": False, "done": True,
                        "message": "memory snapshot: n/a (this torch has no _record_memory_history)"}
 
@@ -175,7 +178,7 @@ def test_job_ending_while_recording_saves_what_it_has_and_turns_history_off(tmp_
     fake = FakeCudaMemory()
     snaps, errors = make(tmp_path, fake)
     replies = Replies()
-    snaps.begin({}, replies)
+    snaps.begin(SNAPSHOT, replies)
     snaps.boundary()
     snaps.boundary()
     snaps.finish()
@@ -190,14 +193,14 @@ def test_torch_errors_are_answered_and_counted_never_raised(tmp_path):
     fake.fail["record"] = RuntimeError("not supported with cudaMallocAsync")
     snaps, errors = make(tmp_path, fake)
     replies = Replies()
-    snaps.begin({}, replies)
+    snaps.begin(SNAPSHOT, replies)
     assert replies.last["ok"] is False and "not supported with cudaMallocAsync" in replies.last["message"]
     assert not snaps.recording and [w for w, _ in errors] == ["memory_snapshot"]
 
     fake = FakeCudaMemory()
     snaps, errors = make(tmp_path / "b", fake)
     replies = Replies()
-    snaps.begin({"steps": 1}, replies)
+    snaps.begin(Command("memory_snapshot", steps=1), replies)
     fake.fail["dump"] = OSError("disk full")
     snaps.boundary()
     assert fake.history is None  # turned off even though the dump failed
@@ -207,7 +210,7 @@ def test_torch_errors_are_answered_and_counted_never_raised(tmp_path):
     fake = FakeCudaMemory()
     snaps, errors = make(tmp_path / "c", fake)
     replies = Replies()
-    snaps.begin({"steps": 1}, replies)
+    snaps.begin(Command("memory_snapshot", steps=1), replies)
     fake.fail["stop"] = RuntimeError("stuck")
     snaps.boundary()
     assert replies.last["ok"] is False and Path(replies.last["path"]).exists() and "stuck" in replies.last["message"]
@@ -250,7 +253,9 @@ def commands(tmp_path, monkeypatch):
 
 def send(cmds: Commands, msg: dict) -> list[dict]:
     got: list[dict] = []
-    cmds.request({"name": "memory_snapshot", **msg}, lambda data: got.append(json.loads(data)))
+    command = parse_command({"name": "memory_snapshot", **msg})
+    assert isinstance(command, Command)
+    cmds.request(command, lambda data: got.append(json.loads(data)))
     return got
 
 

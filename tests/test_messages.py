@@ -68,10 +68,40 @@ def test_events_profiles_and_the_rest():
     answer = protocol.message("event", kind="command_result", name="stop", id=1, ok=True, extra=1)
     result = messages.parse(answer)
     assert result == messages.CommandResult(name="stop", id=1, ok=True)
-    profile = protocol.message("profile", step=3, top_ops=[])
-    assert messages.parse(profile) is profile  # passed through as it is
+    profile = messages.parse(protocol.message("profile", step=3, top_ops=[], seq=4))
+    assert profile == messages.ProfileWindow(seq=4, step=3, given=frozenset({"step", "top_ops"}))
     assert isinstance(messages.parse(protocol.message("log", text="x", seq=9)), messages.Other)
     assert isinstance(messages.parse({"type": "reset"}), messages.Reset)
+
+
+def test_a_profile_window_is_read_once_into_typed_parts():
+    """Top ops and kernels, the breakdown and the trace's findings become records; a value of the wrong type
+    becomes None (or is dropped, for a list item that is not an object), never a crash downstream; what the
+    window carried is written back as it came."""
+    sent = {
+        "type": "profile", "v": 1, "seq": 7, "step": 40, "active_steps": 3, "reason": "on demand", "device": "cuda",
+        "trace": "/r/traces/x.pt.trace.json", "t": 5.5, "ops_total": 212, "syncs_per_step": 2, "device_busy": 0.8,
+        "top_ops": [{"name": "aten::mm", "calls": 30, "kind": "op", "self_ms": 1.5, "share": 0.5},
+                    {"name": "aten::add", "calls": "many", "self_ms": None, "share": 0.1}, "junk"],
+        "top_kernels": [{"name": "sgemm", "calls": 30, "kind": "kernel", "self_ms": 1.2, "share": 0.9}],
+        "breakdown": {"idle": 0.2, "compute": 0.7, "communication": "n/a", "span_ms": 12.5},
+        "trace_findings": [{"id": "launch-bound", "severity": "warn", "title": "t", "evidence": {"idle": 0.4},
+                            "fix": "f"}],
+    }
+    w = messages.parse(sent)
+    assert isinstance(w, messages.ProfileWindow)
+    assert (w.seq, w.step, w.device, w.syncs_per_step, w.ops_total) == (7, 40, "cuda", 2, 212)
+    assert [op.name for op in w.top_ops] == ["aten::mm", "aten::add"]  # "junk" is not an op
+    assert w.top_ops[1].calls is None and w.top_ops[1].self_ms is None  # wrong types: None
+    assert w.top_kernels[0].self_ms == 1.2
+    assert w.breakdown is not None and (w.breakdown.compute, w.breakdown.communication) == (0.7, None)
+    found = w.finding("launch-bound")
+    assert found is not None and found.evidence == {"idle": 0.4} and w.finding("host-sync") is None
+    back = messages.as_sent(w)
+    assert back["top_kernels"] == sent["top_kernels"] and back["trace_findings"] == sent["trace_findings"]
+    assert "analysis_error" not in back  # not carried, not written
+    odd = messages.parse({"type": "profile", "step": "3", "top_ops": "none", "breakdown": [1]})
+    assert isinstance(odd, messages.ProfileWindow) and (odd.step, odd.top_ops, odd.breakdown) == (None, (), None)
 
 
 def test_reset_forgets_everything_but_the_recent_window_size():

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from test_e2e import PERFMON, REPO, env, listening, perfmon, report, wait_for  # noqa: F401  (env: private runtime dir)
 
+from perfmon.messages.commands import Command
 from perfmon.monitor import multinode
 from perfmon.monitor.multinode import (
     Endpoint,
@@ -93,7 +94,7 @@ class _Local:
     """A node's ranks, as the relay reads them: a few tagged messages, and the commands it was given."""
 
     def __init__(self) -> None:
-        self.sent: list[dict] = []
+        self.sent: list[Command] = []
         self.done = threading.Event()
 
     def messages(self) -> Any:
@@ -101,7 +102,7 @@ class _Local:
         yield {"type": "hello", "seq": 1, "pid": 8, "rank": 3, "_rank": 3}
         self.done.wait(10)
 
-    def send(self, command: dict) -> bool:
+    def send(self, command: Command) -> bool:
         self.sent.append(command)
         return True
 
@@ -126,9 +127,9 @@ def test_relay_streams_its_ranks_to_the_hub_and_runs_the_hubs_commands() -> None
     try:
         assert got.get(timeout=10) == "opened"
         assert [got.get(timeout=10)["_rank"] for _ in range(2)] == [2, 3]
-        assert hub.send({"name": "profile", "at_step": 40})
+        assert hub.send(Command("profile", at_step=40, ranks=(3,)))
         wait_for(lambda: local.sent, "the command at the relay")
-        assert local.sent == [{"name": "profile", "at_step": 40}]
+        assert local.sent == [Command("profile", at_step=40, ranks=(3,))]  # the relay's job source routes it
     finally:
         relay.close()
         hub.close()

@@ -57,11 +57,15 @@ def test_decode_rejects_oversized_line():
 
 
 def test_only_whitelisted_commands_pass():
-    assert protocol.decode_command(protocol.encode(protocol.message("command", name="profile")))["name"] == "profile"
-    with pytest.raises(protocol.DecodeError, match="not allowed"):
-        protocol.decode_command(protocol.encode(protocol.message("command", name="exec")))
+    from perfmon.messages.commands import Command, CommandError, parse_command
+
+    line = protocol.encode(protocol.message("command", name="profile"))
+    assert parse_command(protocol.decode(line, allowed=("command",))) == Command("profile")
+    refused = parse_command(protocol.decode(protocol.encode(protocol.message("command", name="exec")),
+                                            allowed=("command",)))
+    assert isinstance(refused, CommandError) and "not allowed" in refused.message
     with pytest.raises(protocol.DecodeError):
-        protocol.decode_command(protocol.encode(protocol.message("steps")))
+        protocol.decode(protocol.encode(protocol.message("steps")), allowed=("command",))
 
 
 @settings(max_examples=300, deadline=None)

@@ -146,7 +146,7 @@ async def test_replay_profile_age_is_recording_time(tmp_path):
                 break
             await pilot.pause(0.05)
         assert app.state.profiles
-        prof_t = app.state.profiles[-1]["t"]
+        prof_t = app.state.profiles[-1].t
         age_s = src.position - prof_t
         assert 0 <= age_s < 60
         await pilot.press("4")  # the ops view (a hidden view's panel is not derived)

@@ -17,6 +17,7 @@ import pytest
 from perfmon import protocol
 from perfmon.analysis.report import status_line
 from perfmon.analysis.state import RunState
+from perfmon.messages.commands import Command
 from perfmon.monitor.sources import LiveSource
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -209,7 +210,7 @@ def test_an_attached_monitor_stops_the_job_like_ctrl_c(env, tmp_path):
         st, lock = RunState(), threading.Lock()
         collect(src, st, lock)
         wait_until(lambda: st.steps > 5, what="steps")
-        assert src.send({"name": "stop", "id": 1})
+        assert src.send(Command("stop", id=1))
         # KeyboardInterrupt unhandled in the script: python dies of SIGINT (or exits 1 if it lands in cleanup)
         assert proc.wait(timeout=60) in (-signal.SIGINT, 1)
         out = proc.stdout.read().decode()

@@ -23,6 +23,7 @@ from tui_fixtures import (
 
 from perfmon import protocol
 from perfmon.analysis.state import RunState
+from perfmon.messages.commands import Command
 from perfmon.monitor.sources import ReplaySource, Source
 from perfmon.tui.app import PerfmonApp
 from perfmon.tui.widgets import fmt
@@ -298,9 +299,9 @@ class ConnectedReplay(ReplaySource):
 
     def __init__(self, run_dir: Path) -> None:
         super().__init__(run_dir, follow=True, poll=0.05)
-        self.sent: list[dict] = []
+        self.sent: list[Command] = []
 
-    def send(self, command: dict) -> bool:
+    def send(self, command: Command) -> bool:
         self.sent.append(command)
         return True
 
@@ -319,7 +320,7 @@ async def test_attached_monitor_stops_the_job_through_its_agent(tmp_path: Path) 
         await pilot.press("s")
         await wait_until(pilot, lambda: not app.is_running)
     assert app.outcome == "stopped"
-    assert [c["name"] for c in source.sent] == ["stop"]
+    assert [c.name for c in source.sent] == ["stop"]
 
 
 async def test_stream_without_exit(tmp_path: Path) -> None:

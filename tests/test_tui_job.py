@@ -10,6 +10,7 @@ from tui_fixtures import START, screen_text, wait_until, write_job, write_record
 
 from perfmon.analysis.job import JobState
 from perfmon.analysis.state import RunState
+from perfmon.messages.commands import Command
 from perfmon.monitor.job_source import JobSource
 from perfmon.monitor.sources import ReplaySource
 from perfmon.tui.app import PerfmonApp
@@ -42,13 +43,13 @@ class ConnectedJob(JobSource):
 
     def __init__(self, run_dir: Path) -> None:
         super().__init__(run_dir, alive=lambda: True, follow=True)
-        self.sent: list[dict] = []
+        self.sent: list[Command] = []
 
     @property
     def connected(self) -> bool:
         return True
 
-    def send(self, command: dict) -> bool:
+    def send(self, command: Command) -> bool:
         self.sent.append(command)
         return True
 
@@ -95,12 +96,12 @@ async def test_p_profiles_every_rank_at_one_step_and_c_goes_to_the_rank_shown(tm
         await wait_until(pilot, lambda: len(app.job.ranks) == 4 and all(s.steps == 3000 for s in app.job.ranks.values()))
         await pilot.press("p")
         profile = source.sent[-1]
-        assert profile["name"] == "profile" and "ranks" not in profile  # every rank
-        assert profile["at_step"] >= 3000 + 2  # ahead of the furthest rank: each starts at that same step
+        assert profile.name == "profile" and profile.ranks is None  # every rank
+        assert profile.at_step is not None and profile.at_step >= 3000 + 2  # ahead of the furthest rank: each starts at that same step
         await pilot.press("1", "r", "c")
-        assert source.sent[-1]["name"] == "empty_cache" and source.sent[-1]["ranks"] == [1]
+        assert source.sent[-1] == Command("empty_cache", id=2, ranks=(1,))
         await pilot.press("7", "c")  # from the ranks view: the whole job
-        assert source.sent[-1]["name"] == "empty_cache" and "ranks" not in source.sent[-1]
+        assert source.sent[-1] == Command("empty_cache", id=3)
 
 
 async def test_single_run_offers_no_rank_keys(tmp_path: Path) -> None:

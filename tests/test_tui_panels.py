@@ -27,6 +27,7 @@ from tui_fixtures import (
 from perfmon import protocol
 from perfmon.analysis.rules import Config, evaluate_once
 from perfmon.analysis.state import RunState
+from perfmon.messages.commands import Command
 from perfmon.monitor.sources import RecordingReader, ReplaySource, Source
 from perfmon.tui.app import NOT_CONNECTED, PerfmonApp
 from perfmon.tui.widgets import fmt
@@ -60,7 +61,7 @@ class RecordingSource(Source):
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[Command] = []
         self.connected = True
         self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
         self._closed = threading.Event()
@@ -79,10 +80,10 @@ class RecordingSource(Source):
     def reply(self, name: str, id: int, **fields: Any) -> None:
         self.push(protocol.message("event", kind="command_result", name=name, id=id, **fields))
 
-    def send(self, command: dict[str, Any]) -> bool:
+    def send(self, command: Command) -> bool:
         if not self.connected:
             return False
-        self.sent.append(dict(command))
+        self.sent.append(command)
         return True
 
     def close(self) -> None:
@@ -295,18 +296,18 @@ async def test_ops_filled_and_sort_cycles(tmp_path: Path) -> None:
         await pilot.press("4")
         panel = app.query_one(OpsPanel)
         prof = app.state.profiles[-1]
-        age = fmt.ago(CLOCK - prof["t"])
+        age = fmt.ago(CLOCK - prof.t)
         text = screen_text(app)
-        assert f"window: step {fmt.count(prof['step'])} · 3 steps · on demand · cpu · {age} · sort: self time (s)" in text
+        assert f"window: step {fmt.count(prof.step)} · 3 steps · on demand · cpu · {age} · sort: self time (s)" in text
         assert "syncs/step n/a (CPU run) · device busy n/a · 155 ops · trace gpu-box-07_4242" in text
         for label, key in [*SORTS, SORTS[0]]:
             assert panel.info.sort == label
-            want = sorted(prof["top_ops"], key=lambda op: (op[key], op["self_ms"]), reverse=True)
-            assert [r.name for r in panel.info.rows] == [op["name"] for op in want]
+            want = sorted(prof.top_ops, key=lambda op: (getattr(op, key), op.self_ms), reverse=True)
+            assert [r.name for r in panel.info.rows] == [op.name for op in want]
             text = screen_text(app)
             assert f"sort: {label} (s)" in text
             names = [line.split()[1] for line in text.splitlines() if line.startswith("│ aten::")]
-            assert names == [op["name"] for op in want]
+            assert names == [op.name for op in want]
             await pilot.press("s")
         assert "aten::mm" in text and "1.21G" in text  # FLOPs of the mm rows
 
@@ -331,7 +332,7 @@ async def test_ops_capturing_marker(tmp_path: Path) -> None:
         await pilot.press("4")
         await wait_until(pilot, lambda: app.query_one(OpsPanel).info.capturing is not None)
         text = screen_text(app)
-        assert f"● capturing a profiler window (from step {fmt.count(app.state.profiling['step'])})…" in text
+        assert f"● capturing a profiler window (from step {fmt.count(app.state.profiling.step)})…" in text
         assert "last window: step 2,800" in text
         assert "4 ops ●" in text  # the view bar, on every view
         source.push(protocol.message("profile", **profile_msg(app.run_dir, False, 3000, CLOCK - 2)))
@@ -423,7 +424,7 @@ async def test_p_sends_profile_and_results_are_toasts(tmp_path: Path) -> None:
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
         await live_loaded(pilot)
         await pilot.press("p")
-        assert source.sent == [{"name": "profile", "id": 1}]
+        assert source.sent == [Command("profile", id=1)]
         assert app.view == "ops" and EMPTY in screen_text(app)
         source.reply("profile", 1, ok=True, done=False, message="profile: starts at the next step boundary")
         source.push(protocol.message("event", kind="profile_started", reason="on demand", steps=5, t=CLOCK - 3))
@@ -444,7 +445,7 @@ async def test_c_on_cpu_run_shows_the_agents_answer(tmp_path: Path) -> None:
     async with app.run_test(size=(80, 24), notifications=True) as pilot:
         await live_loaded(pilot)
         await pilot.press("c")
-        assert source.sent == [{"name": "empty_cache", "id": 1}]
+        assert source.sent == [Command("empty_cache", id=1)]
         source.reply("empty_cache", 1, ok=True, done=True, message="no CUDA device: nothing to free")
         await wait_until(pilot, lambda: ("no CUDA device: nothing to free", "information") in toasts(app))
         await wait_until(pilot, lambda: "no CUDA device: nothing to free" in screen_text(app))
@@ -456,8 +457,8 @@ async def test_command_keys_names_ids_and_failures(tmp_path: Path) -> None:
         await live_loaded(pilot)
         await pilot.press("p", "c", "f", "m", "e")
         assert source.sent == [
-            {"name": "profile", "id": 1}, {"name": "empty_cache", "id": 2}, {"name": "count_flops", "id": 3},
-            {"name": "memory_snapshot", "id": 4},
+            Command("profile", id=1), Command("empty_cache", id=2), Command("count_flops", id=3),
+            Command("memory_snapshot", id=4),
         ]  # e is the monitor's own: it writes the analysed window it holds, the job is not asked
         assert app.view == "model"  # f shows where the FLOPs will appear
         exported = [t for t, _ in toasts(app) if t.startswith("exported ")]
@@ -581,7 +582,7 @@ async def test_end_to_end_profile_and_empty_cache(tmp_path: Path) -> None:
         async with app.run_test(size=(120, 40), notifications=True) as pilot:
             await wait_until(pilot, lambda: app.state.steps >= 3, timeout=60)
             await pilot.press("p")
-            assert app.commands_sent == [{"name": "profile", "id": 1}] and app.view == "ops"
+            assert app.commands_sent == [Command("profile", id=1)] and app.view == "ops"
 
             def has_mm() -> bool:
                 text = screen_text(app)

@@ -1,8 +1,9 @@
 """Whitelisted commands from monitors, run on the training thread at the next step boundary.
 
-The socket thread only queues a request (``request``) and answers at once whether it was
-accepted; the work happens in :meth:`Commands.boundary`, called from the hooks that end a
-step. That call costs one attribute check when nothing is pending.
+A request arrives parsed (:class:`perfmon.messages.commands.Command`: the server checked its name and arguments).
+The socket thread only queues it (``request``) and answers at once whether it was accepted; the work happens
+in :meth:`Commands.boundary`, called from the hooks that end a step. That call costs one attribute check when
+nothing is pending.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from typing import Any
 
 from perfmon import protocol
 from perfmon.agent.native import CommandFields
+from perfmon.messages.commands import Command
+
+Answer = Callable[[dict[str, Any]], None]
 
 
 class Commands(CommandFields):
@@ -38,7 +42,8 @@ class Commands(CommandFields):
         self.last_profile: dict[str, Any] | None = None
         #: The memory_snapshot flow (allocation history for N steps, then a snapshot), made at the first request.
         self.memory: Any = None  # perfmon.agent.memory_history.MemorySnapshots
-        self._queue: list[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None]]] = []
+        #: (what to run, the command that asked for it: None for the agent's own work, where to answer)
+        self._queue: list[tuple[str, Command | None, Answer]] = []
         self._lock = threading.Lock()
         self.pending = self.count_flops_at_start
         #: torch's intra-op threads as the training thread sees them (OpenMP keeps the count per thread: the
@@ -47,15 +52,16 @@ class Commands(CommandFields):
         self._next_every = self.every if self.every else None
         self._next_time = time.monotonic() + self.interval if self.interval else None
         if self.count_flops_at_start:
-            self._queue.append(("count_flops", {}, lambda r: None))
+            self._queue.append(("count_flops", Command("count_flops"), lambda r: None))
 
     # -- socket thread -------------------------------------------------------------------------
-    def request(self, msg: dict[str, Any], reply: Callable[[bytes], None]) -> None:
-        name = msg["name"]
-        rid = msg.get("id")
+    def request(self, command: Command, reply: Callable[[bytes], None]) -> None:
+        """Answer ``command`` now, or queue it for the next step boundary and say so."""
+        name = command.name
 
         def answer(fields: dict[str, Any]) -> None:
-            reply(protocol.encode(protocol.message("event", kind="command_result", name=name, id=rid, **fields)))
+            reply(protocol.encode(protocol.message("event", kind="command_result", name=name, id=command.id,
+                                                   **fields)))
 
         torch = sys.modules.get("torch")
         cuda = bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
@@ -71,26 +77,26 @@ class Commands(CommandFields):
 
                 self.memory = MemorySnapshots(self.run_dir / "memory", lambda: self.agent.tracker.count,
                                               self.agent.record_error)
-            refusal = self.memory.check(msg, queued=any(q[0] == name for q in self._queue))
+            refusal = self.memory.check(command, queued=any(q[0] == name for q in self._queue))
             if refusal is not None:
                 answer(refusal)
                 return
             with self._lock:
-                self._queue.append((name, msg, answer))
+                self._queue.append((name, command, answer))
                 self.pending = True
-            answer(self.memory.accepted(msg))
+            answer(self.memory.accepted(command))
             return
         if name == "export":
             answer(self.export())
             return
         if name == "log_metrics":
-            refusal = self._check_metrics(msg)
+            refusal = self._check_wandb()
             if refusal is not None:
                 answer({"ok": False, "done": True, "message": refusal})
                 return
             with self._lock:  # the script's wandb is used from its own thread only: at the step boundary
                 self._queue = [q for q in self._queue if q[0] != name]  # only the newest numbers matter
-                self._queue.append((name, msg, answer))
+                self._queue.append((name, command, answer))
                 self.pending = True
             return
         if name == "profile" and (self.window is not None or any(q[0] == "profile" for q in self._queue)):
@@ -100,17 +106,17 @@ class Commands(CommandFields):
             answer({"ok": False, "done": True, "message": "torch is not imported yet"})
             return
         with self._lock:
-            self._queue.append((name, msg, answer))
+            self._queue.append((name, command, answer))
             self.pending = True
-        at = msg.get("at_step")
-        when = f"at step {at}" if isinstance(at, int) and at > self.boundaries else "at the next step boundary"
+        at = command.at_step
+        when = f"at step {at}" if at is not None and at > self.boundaries else "at the next step boundary"
         answer({"ok": True, "done": False, "message": f"{name}: starts {when}"})
 
     def refresh_torch_threads(self) -> None:
         """Have the training thread read torch's thread count at its next step end (the sampler asks)."""
         with self._lock:
             if not any(q[0] == "read_threads" for q in self._queue):
-                self._queue.append(("read_threads", {}, lambda r: None))
+                self._queue.append(("read_threads", None, lambda r: None))
                 self.pending = True
 
     # -- training thread ---------------------------------------------------------------------------
@@ -122,7 +128,7 @@ class Commands(CommandFields):
         except Exception:  # noqa: BLE001 - a torch half imported, or stubbed
             self.torch_threads = None
 
-    def _do_read_threads(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+    def _do_read_threads(self, command: Command | None, answer: Answer) -> None:
         self.read_torch_threads()
 
     def boundary(self) -> None:
@@ -153,7 +159,7 @@ class Commands(CommandFields):
     def _boundary_work(self) -> None:
         if self.window is not None:
             if self.window.step():
-                self.window = None  # "stopped" is published once the summary is done: it costs CPU too
+                self.window = None  # "stopped" is published once the trace is exported: that costs CPU too
         if self.flops_mode is not None:
             self._finish_flops()
         if self.memory is not None and self.memory.recording:
@@ -161,14 +167,15 @@ class Commands(CommandFields):
         with self._lock:
             queue, self._queue = self._queue, []
             # a window asked for at a later step (every rank of a job starts it at the same step) waits
-            later = [q for q in queue if isinstance(q[1].get("at_step"), int) and q[1]["at_step"] > self.boundaries]
+            later = [q for q in queue if q[1] is not None and q[1].at_step is not None
+                     and q[1].at_step > self.boundaries]
             self._queue = later
             self.pending = bool(later)
         waiting = {id(q) for q in later}
         for item in queue:
             if id(item) not in waiting:
-                name, msg, answer = item
-                getattr(self, f"_do_{name}")(msg, answer)
+                name, command, answer = item
+                getattr(self, f"_do_{name}")(command, answer)
         if self.window is None and self._periodic_due():
             self._start_window("periodic", lambda r: None)
             if self._next_every is not None:
@@ -176,7 +183,7 @@ class Commands(CommandFields):
             if self._next_time is not None:
                 self._next_time = time.monotonic() + self.interval
 
-    def _start_window(self, reason: str, answer: Callable[[dict[str, Any]], None]) -> None:
+    def _start_window(self, reason: str, answer: Answer) -> None:
         from perfmon.agent.profiler import ProfilerWindow
 
         def publish(msg: dict[str, Any] | None) -> None:
@@ -202,36 +209,32 @@ class Commands(CommandFields):
         # steps inside a window run slower (profiler, FLOP counter): rules must not read them
         self.agent.publish(protocol.message("event", kind=f"window_{edge}", what=what, t=time.time()))
 
-    def _do_profile(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+    def _do_profile(self, command: Command | None, answer: Answer) -> None:
         if self.window is not None:
             answer({"ok": False, "done": True, "message": "busy: a profiler window is already being captured"})
             return
         self._start_window("on demand", answer)
 
     @staticmethod
-    def _check_metrics(msg: dict[str, Any]) -> str | None:
-        """Why a ``log_metrics`` cannot be logged (None: it can): no active wandb run in this process, or
-        not a small dict of numbers."""
+    def _check_wandb() -> str | None:
+        """Why a ``log_metrics`` cannot be logged (None: it can): no active wandb run in this process. (Its
+        ``metrics``, a small dict of numbers, were checked when the command was parsed.)"""
         wandb = sys.modules.get("wandb")
         if wandb is None or getattr(wandb, "run", None) is None:
             return "--wandb: the script has no active wandb run (wandb.init) to log into"
-        metrics = msg.get("metrics")
-        if not isinstance(metrics, dict) or len(metrics) > 500 or not all(
-                isinstance(k, str) and len(k) < 200 and isinstance(v, int | float) and not isinstance(v, bool)
-                for k, v in metrics.items()):
-            return "log_metrics wants a dict of at most 500 numbers"
         return None
 
-    def _do_log_metrics(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+    def _do_log_metrics(self, command: Command | None, answer: Answer) -> None:
         wandb = sys.modules.get("wandb")
         run = getattr(wandb, "run", None)
         if run is None:
             answer({"ok": False, "done": True, "message": "--wandb: the script's wandb run has finished"})
             return
-        run.log(dict(msg["metrics"]), commit=False)  # joins the script's next wandb.log step
-        answer({"ok": True, "done": True, "message": f"{len(msg['metrics'])} metrics logged to wandb"})
+        metrics = dict(command.metrics or {}) if command is not None else {}
+        run.log(metrics, commit=False)  # joins the script's next wandb.log step
+        answer({"ok": True, "done": True, "message": f"{len(metrics)} metrics logged to wandb"})
 
-    def _do_empty_cache(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+    def _do_empty_cache(self, command: Command | None, answer: Answer) -> None:
         torch = sys.modules["torch"]
         before = torch.cuda.memory_reserved()
         torch.cuda.empty_cache()
@@ -239,11 +242,11 @@ class Commands(CommandFields):
         answer({"ok": True, "done": True, "reserved_before": before, "reserved_after": after,
                 "message": f"empty_cache: reserved {before / 2**20:,.0f} MiB -> {after / 2**20:,.0f} MiB"})
 
-    def _do_memory_snapshot(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
-        if self.memory is not None:  # always made by request
-            self.memory.begin(msg, answer)
+    def _do_memory_snapshot(self, command: Command | None, answer: Answer) -> None:
+        if self.memory is not None and command is not None:  # always made by request
+            self.memory.begin(command, answer)
 
-    def _do_count_flops(self, msg: dict[str, Any], answer: Callable[[dict[str, Any]], None]) -> None:
+    def _do_count_flops(self, command: Command | None, answer: Answer) -> None:
         from torch.utils.flop_counter import FlopCounterMode
 
         mode = FlopCounterMode(display=False)

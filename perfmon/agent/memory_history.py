@@ -23,9 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: Steps recorded when the request does not say (its ``steps`` field).
+from perfmon.messages.commands import Command
+
+#: Steps recorded when the request does not say (its ``steps``; the most it may ask for is
+#: ``perfmon.messages.commands.MAX_SNAPSHOT_STEPS``, checked when the command is parsed).
 DEFAULT_STEPS = 5
-MAX_STEPS = 1000
 #: Alloc/free events kept (a ring buffer: the newest win); each costs a few KB of host memory.
 MAX_ENTRIES = 100_000
 VIEWER = "pytorch.org/memory_viz"
@@ -35,12 +37,9 @@ REQUIRED = ("_record_memory_history", "_dump_snapshot")
 Answer = Callable[[dict[str, Any]], None]
 
 
-def requested_steps(msg: dict[str, Any]) -> int | None:
-    """The request's ``steps`` (default :data:`DEFAULT_STEPS`); None when it is not a valid count."""
-    steps = msg.get("steps", DEFAULT_STEPS)
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
-        return None
-    return steps
+def requested_steps(command: Command) -> int:
+    """The request's ``steps``, or :data:`DEFAULT_STEPS`."""
+    return command.steps if command.steps is not None else DEFAULT_STEPS
 
 
 class MemorySnapshots:
@@ -66,30 +65,27 @@ class MemorySnapshots:
         self._answer: Answer | None = None
 
     # -- socket thread ---------------------------------------------------------------------------
-    def check(self, msg: dict[str, Any], queued: bool) -> dict[str, Any] | None:
-        """The refusal to answer at once (n/a, busy, bad ``steps``), or None to queue the request."""
+    def check(self, command: Command, queued: bool) -> dict[str, Any] | None:
+        """The refusal to answer at once (n/a, busy), or None to queue the request."""
         missing = next((name for name in REQUIRED if not hasattr(self.memory, name)), None)
         if missing is not None:
             return {"ok": False, "done": True, "message": f"memory snapshot: n/a (this torch has no {missing})"}
         if self.recording or queued:
             return self._busy()
-        if requested_steps(msg) is None:
-            return {"ok": False, "done": True,
-                    "message": f"memory snapshot: steps must be a whole number from 1 to {MAX_STEPS}"}
         return None
 
-    def accepted(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def accepted(self, command: Command) -> dict[str, Any]:
         """The immediate answer to a queued request."""
-        steps = requested_steps(msg) or DEFAULT_STEPS
+        steps = requested_steps(command)
         return {"ok": True, "done": False, "steps": steps,
                 "message": f"memory snapshot: recording allocation history for {steps} steps…"}
 
     # -- training thread -------------------------------------------------------------------------
-    def begin(self, msg: dict[str, Any], answer: Answer) -> None:
+    def begin(self, command: Command, answer: Answer) -> None:
         if self.recording:
             answer(self._busy())
             return
-        steps = requested_steps(msg) or DEFAULT_STEPS
+        steps = requested_steps(command)
         try:
             if self._history_already_on():
                 path = self._dump()

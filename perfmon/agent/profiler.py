@@ -21,7 +21,8 @@ import torch
 
 
 class ProfilerWindow:
-    """One window: ``wait`` + ``warmup`` + ``active`` steps, then a summary published as ``profile``."""
+    """One window: ``wait`` + ``warmup`` + ``active`` steps, then its trace exported and announced as ``profile``
+    (the monitor analyses the trace, outside the job)."""
 
     def __init__(self, traces_dir: Path, wait: int, warmup: int, active: int, step_index: Callable[[], int],
                  publish: Callable[[dict[str, Any] | None], None], on_error: Callable[[str, BaseException], None],
@@ -57,7 +58,7 @@ class ProfilerWindow:
             self.prof.step()
             return False
         self.prof.stop()
-        threading.Thread(target=self._summarize, name="perfmon-profile", daemon=True).start()
+        threading.Thread(target=self._export, name="perfmon-profile", daemon=True).start()
         return True
 
     def abort(self) -> None:
@@ -67,10 +68,10 @@ class ProfilerWindow:
         except Exception as exc:  # noqa: BLE001
             self._on_error("profiler", exc)
 
-    def _summarize(self) -> None:
+    def _export(self) -> None:
         msg = None
         try:
-            msg = summarize(self.prof, self.traces_dir, self.active, self.cuda, self.started_step, self.reason)
+            msg = export_window(self.prof, self.traces_dir, self.active, self.cuda, self.started_step, self.reason)
         except Exception as exc:  # noqa: BLE001
             self._on_error("profiler", exc)
         self._publish(msg)  # None: the window failed; the caller still closes it
@@ -81,7 +82,7 @@ def _trace_name() -> str:
     return f"{socket.gethostname()}_{os.getpid()}.{time.time_ns()}.pt.trace.json"
 
 
-def summarize(prof: Any, traces_dir: Path, active: int, cuda: bool, step: int, reason: str) -> dict[str, Any]:
+def export_window(prof: Any, traces_dir: Path, active: int, cuda: bool, step: int, reason: str) -> dict[str, Any]:
     """The ``profile`` message: which window, and the trace file it left. Nothing is summarised here: the
     monitor (or ``perfmon report``) analyses the trace outside the job (perfmon.analysis.profile_window)."""
     trace = None

@@ -26,6 +26,7 @@ from perfmon.agent.native import HOT, event_buffer
 from perfmon.agent.recorder import Recorder
 from perfmon.agent.server import Server
 from perfmon.agent.steps import BEGIN, END, STEP, StepRecord, StepTracker
+from perfmon.messages.commands import Command
 
 #: Raw events kept if the publisher falls behind (oldest dropped beyond this).
 EVENT_BUFFER = 500_000
@@ -304,19 +305,20 @@ class Agent:
         hello = protocol.message("hello", **self.meta, live_seq=self._seq)
         return protocol.encode(hello)
 
-    def _on_command(self, msg: dict[str, Any], reply: Callable[[bytes], None]) -> None:
-        if msg.get("name") == "stop":  # any monitor of this user (the socket refuses others): Ctrl-C for the job
+    def _on_command(self, command: Command, reply: Callable[[bytes], None]) -> None:
+        """A command the server parsed (socket thread)."""
+        if command.name == "stop":  # any monitor of this user (the socket refuses others): Ctrl-C for the job
             reply(protocol.encode(protocol.message(
-                "event", kind="command_result", name="stop", id=msg.get("id"), ok=True, done=True,
+                "event", kind="command_result", name="stop", id=command.id, ok=True, done=True,
                 message=f"stop: SIGINT sent to pid {self.pid}")))
             os.kill(self.pid, signal.SIGINT)
             return
         if self.commands is None:
             reply(protocol.encode(protocol.message(
-                "event", kind="command_result", name=msg.get("name"), id=msg.get("id"), ok=False, done=True,
+                "event", kind="command_result", name=command.name, id=command.id, ok=False, done=True,
                 message="commands are not available (torch not instrumented)")))
             return
-        self.commands.request(msg, reply)
+        self.commands.request(command, reply)
 
     def boundary(self) -> None:
         """A step boundary on the training thread: run pending commands and profiler windows."""

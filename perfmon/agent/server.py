@@ -1,5 +1,8 @@
 """The agent's Unix socket: any number of monitors attach, read the stream, send commands.
 
+A command line is parsed here, once, into a :class:`perfmon.messages.commands.Command`; a line that is not a
+valid command is answered ``ok=False`` here and goes no further.
+
 One daemon thread runs a selector loop. Writes never block the caller: each client has a
 bounded outbound buffer; a monitor that does not read (frozen, stopped) has lines dropped
 and counted, and recovers the gap from the recording (lines carry ``seq``).
@@ -14,9 +17,9 @@ import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from perfmon import protocol
+from perfmon.messages.commands import Command, CommandError, parse_command
 
 #: Per-client outbound buffer limit; beyond it, lines are dropped for that client.
 CLIENT_BUFFER = 8 * 1024 * 1024
@@ -56,7 +59,7 @@ class Server:
         self,
         path: Path,
         greeting: Callable[[], bytes],
-        on_command: Callable[[dict[str, Any], Callable[[bytes], None]], None],
+        on_command: Callable[[Command, Callable[[bytes], None]], None],
         lock: threading.Lock,
         on_error: Callable[[str, BaseException], None],
     ) -> None:
@@ -251,17 +254,19 @@ class Server:
 
     def _command(self, line: bytes, client: _Client) -> None:
         try:
-            msg = protocol.decode_command(line)
+            command = parse_command(protocol.decode(line, allowed=("command",)))
         except protocol.DecodeError as exc:
+            command = CommandError(str(exc))
+        if isinstance(command, CommandError):
             self.bad_lines += 1
-            reply = protocol.message("event", kind="command_result", ok=False, error=str(exc))
+            reply = protocol.message("event", kind="command_result", **command.result())
             self._reply(client, protocol.encode(reply))
             return
 
         def reply(data: bytes) -> None:
             self._reply(client, data)
 
-        self._on_command(msg, reply)
+        self._on_command(command, reply)
 
     def _reply(self, client: _Client, data: bytes) -> None:
         with self._clients_lock:

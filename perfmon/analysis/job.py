@@ -129,9 +129,8 @@ def rank_row(rank: int, state: RunState, warmup: int = 30, min_steps: int = 20) 
         gpu = state.gpus[local]
     cm = state.cuda_mem
     host = state.recent_host()
-    profile = state.profiles[-1] if state.profiles else None
-    breakdown = profile.get("breakdown") if isinstance(profile, dict) else None
-    comm = breakdown.get("communication") if isinstance(breakdown, dict) else None
+    breakdown = state.profiles[-1].breakdown if state.profiles else None
+    comm = breakdown.communication if breakdown is not None else None
     return RankRow(
         rank=rank, node=meta.node, host=meta.host, steps=state.steps,
         step_ms=statistics.median(durations) if durations else None,
@@ -141,7 +140,7 @@ def rank_row(rank: int, state: RunState, warmup: int = 30, min_steps: int = 20) 
         util_gpu=gpu.util_gpu if gpu else None,
         cpu_percent=host.cpu_percent if host else None, rss_bytes=host.rss_bytes if host else None,
         roots=tuple(state.model.roots) if state.model else (),
-        comm_share=comm if isinstance(comm, int | float) else None,
+        comm_share=comm,
         status=state.status, steps_per_s=state.steps_per_s(), samples_per_s=state.samples_per_s(),
     )
 

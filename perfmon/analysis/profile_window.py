@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmon.analysis.trace import TraceError, analyse_trace
+from perfmon.messages import ProfileWindow
 
 #: Rows kept per window (ops, and kernels on a GPU).
 TOP_N = 30
@@ -88,17 +89,17 @@ def _analysis(trace: Path) -> dict[str, Any]:
     return out
 
 
-def export_text(prof: dict[str, Any], run_dir: Path) -> Path:
+def export_text(prof: ProfileWindow, run_dir: Path) -> Path:
     """Write a summarised window's top ops (and kernels) as a text table under ``RUN/exports/``."""
-    out = run_dir / "exports" / f"top-ops-step{prof.get('step')}.txt"
+    out = run_dir / "exports" / f"top-ops-step{prof.step}.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
-    lines = [f"perfmon top ops, window at step {prof.get('step')} ({prof.get('active_steps')} active steps, "
-             f"{prof.get('device')})", f"trace: {prof.get('trace')}"]
-    for title, rows in (("op", prof.get("top_ops") or []), ("kernel", prof.get("top_kernels") or [])):
+    lines = [f"perfmon top ops, window at step {prof.step} ({prof.active_steps} active steps, "
+             f"{prof.device})", f"trace: {prof.trace}"]
+    for title, rows in (("op", prof.top_ops), ("kernel", prof.top_kernels)):
         if not rows:
             continue
         lines += ["", f"{title:<60} {'calls':>7} {'self ms':>10} {'share':>7}"]
-        lines += [f"{str(r.get('name'))[:60]:<60} {r.get('calls', 0):>7} {r.get('self_ms') or 0.0:>10.3f} "
-                  f"{(r.get('share') or 0.0) * 100:>6.1f}%" for r in rows]
+        lines += [f"{str(r.name)[:60]:<60} {r.calls or 0:>7} {r.self_ms or 0.0:>10.3f} "
+                  f"{(r.share or 0.0) * 100:>6.1f}%" for r in rows]
     out.write_text("\n".join(lines) + "\n")
     return out

@@ -14,6 +14,7 @@ from typing import Any
 
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
+from perfmon.messages import ProfileWindow, as_sent
 from perfmon.monitor.sources import ReplaySource
 from perfmon.protocol import ALL_PHASES
 
@@ -295,16 +296,17 @@ def report_main(run_dir: Path, as_json: bool, rules: Any = None, write: bool = F
     return 0
 
 
-def _profile(p: dict[str, Any]) -> dict[str, Any]:
+def _profile(p: ProfileWindow) -> dict[str, Any]:
     """A profiler window in the report: the keys every version wrote, and what the trace analysis adds
     (windows analysed outside the job: kernels, HTA breakdown, the trace's findings)."""
     out: dict[str, Any] = {
-        "step": p.get("step"),
-        "top_ops": [{k: op.get(k) for k in ("name", "calls", "self_ms", "total_ms", "share", "flops")}
-                    for op in p.get("top_ops", [])],
-        "syncs_per_step": p.get("syncs_per_step"), "device_busy": p.get("device_busy"), "trace": p.get("trace"),
+        "step": p.step,
+        "top_ops": [{"name": op.name, "calls": op.calls, "self_ms": op.self_ms, "total_ms": op.total_ms,
+                     "share": op.share, "flops": op.flops} for op in p.top_ops],
+        "syncs_per_step": p.syncs_per_step, "device_busy": p.device_busy, "trace": p.trace,
     }
+    sent = as_sent(p)
     for key in ("top_kernels", "breakdown", "trace_findings", "analysis_error"):
-        if key in p:
-            out[key] = p[key]
+        if key in p.given:
+            out[key] = sent[key]
     return out

@@ -18,6 +18,7 @@ from perfmon.analysis.records import ExitInfo, Peaks, PhaseTotals, Step, higher
 from perfmon.analysis.series import TimeSeries
 from perfmon.messages import (
     AgentWarning,
+    Capturing,
     CommandResult,
     CudaMem,
     Exit,
@@ -28,6 +29,7 @@ from perfmon.messages import (
     Message,
     ModelInfo,
     ProfileStarted,
+    ProfileWindow,
     Reset,
     Sample,
     StepRows,
@@ -86,8 +88,8 @@ class Store:
         self.cpu_n = 0
         self.sampler_cpu_s = 0.0
         self.sample_interval = 1.0
-        self.profiles: deque[dict[str, Any]] = deque(maxlen=20)
-        self.profiling: dict[str, Any] | None = None
+        self.profiles: deque[ProfileWindow] = deque(maxlen=20)
+        self.profiling: Capturing | None = None
         self.command_results: deque[CommandResult] = deque(maxlen=50)
         self.windows: deque[list[float]] = deque(maxlen=64)  # [start, stop] of profiler/FLOP windows
         # memory readings past warm-up, newest 600, for leak detection
@@ -110,13 +112,13 @@ class Store:
     def apply(self, msg: dict[str, Any] | Message) -> None:
         """Fold one message in (decoded, or already parsed); duplicates (by ``seq``) are ignored."""
         m = parse(msg) if isinstance(msg, dict) else msg
-        seq = m.get("seq") if isinstance(m, dict) else m.seq
+        seq = m.seq
         if isinstance(seq, int):
             if seq <= self.last_seq:
                 return
             self.last_seq = seq
-        if isinstance(m, dict):  # a profile window: read as the dict it came as (being reworked)
-            self.profiles.append({k: v for k, v in m.items() if k not in ("v", "type")})
+        if isinstance(m, ProfileWindow):
+            self.profiles.append(m)
             self.profiling = None
         elif isinstance(m, StepRows):
             self._fold_steps(m)
@@ -269,7 +271,7 @@ class Store:
             elif self.windows:
                 self.windows[-1][1] = m.t
         elif isinstance(m, ProfileStarted):
-            self.profiling = {"reason": m.reason, "t": m.t, "step": self.steps}
+            self.profiling = Capturing(m.reason, m.t, self.steps)
         elif isinstance(m, CommandResult):
             self.command_results.append(m)
         elif isinstance(m, AgentWarning):

@@ -3,8 +3,9 @@
 :func:`parse` turns a decoded message (:func:`perfmon.protocol.decode`) into one of the frozen
 dataclasses here. A field of the wrong type becomes None (or empty); a message that cannot be read
 at all becomes :class:`Invalid`, which the state counts as skipped. Numbers keep their JSON type
-(an int stays an int), so what the report writes back is what came in. ``profile`` messages still
-pass through as the dicts they are.
+(an int stays an int), so what the report writes back is what came in.
+The other direction, monitor -> agent, is :mod:`perfmon.messages.commands`: a :class:`Command` the monitor
+builds and the agent parses once (:func:`parse_command`).
 
 Stdlib only (and :mod:`perfmon.protocol`): the monitor, the report and the tests use it.
 """
@@ -14,6 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from perfmon.messages.base import Invalid, Message, Other, Reset, as_sent, merged, record
+from perfmon.messages.commands import (
+    COMMAND_NAMES,
+    Command,
+    CommandError,
+    CommandName,
+    parse_command,
+)
 from perfmon.messages.events import (
     AgentWarning,
     CommandResult,
@@ -24,6 +32,7 @@ from perfmon.messages.events import (
     parse_event,
 )
 from perfmon.messages.facts import Hello, LoaderSettings, ModelInfo, OptimizerFlags
+from perfmon.messages.profile import Breakdown, Capturing, OpStat, ProfileWindow, TraceFinding, parse_profile
 from perfmon.messages.steps import Bulk, StepRows, parse_steps
 from perfmon.messages.telemetry import (
     LEGACY_PROC_MEM_REASON,
@@ -35,14 +44,16 @@ from perfmon.messages.telemetry import (
 )
 
 __all__ = [
-    "LEGACY_PROC_MEM_REASON", "AgentWarning", "Bulk", "CommandResult", "CudaMem", "Event", "Exit",
-    "GpuSample", "Hello", "HostSample", "Invalid", "LoaderSettings", "Message", "ModelInfo", "OptimizerFlags",
-    "Other", "ProfileStarted", "Reset", "Sample", "StepRows", "WindowEdge", "as_sent", "merged", "parse",
+    "COMMAND_NAMES", "Command", "CommandError", "CommandName", "parse_command",
+    "LEGACY_PROC_MEM_REASON", "AgentWarning", "Breakdown", "Bulk", "Capturing", "CommandResult", "CudaMem", "Event",
+    "Exit", "GpuSample", "Hello", "HostSample", "Invalid", "LoaderSettings", "Message", "ModelInfo", "OpStat",
+    "OptimizerFlags", "Other", "ProfileStarted", "ProfileWindow", "Reset", "Sample", "StepRows", "TraceFinding",
+    "WindowEdge", "as_sent", "merged", "parse",
 ]
 
 
-def parse(msg: dict[str, Any]) -> Message | dict[str, Any]:
-    """The typed message for a decoded one; a ``profile`` message is returned as it is (for now)."""
+def parse(msg: dict[str, Any]) -> Message:
+    """The typed message for a decoded one."""
     seq = msg.get("seq")
     seq = seq if isinstance(seq, int) else None
     kind = msg.get("type")
@@ -57,7 +68,7 @@ def parse(msg: dict[str, Any]) -> Message | dict[str, Any]:
     if kind == "model":
         return record(ModelInfo, msg, seq=seq)
     if kind == "profile":
-        return msg
+        return parse_profile(msg, seq)
     if kind == "reset":
         return Reset(seq=seq)
     return Other(seq=seq, type=kind if isinstance(kind, str) else None)

@@ -10,6 +10,7 @@ from typing import Any
 from perfmon.analysis.job import JobState
 from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
+from perfmon.messages.commands import Command
 
 
 class Exports:
@@ -20,7 +21,7 @@ class Exports:
 
     def watch(self, lock: threading.Lock, state: Callable[[], RunState | None] | None = None,
               job: JobState | None = None, cfg: Config | None = None,
-              send: Callable[[dict[str, Any]], bool] | None = None) -> None:
+              send: Callable[[Command], bool] | None = None) -> None:
         """From now on, export this monitor's state (``state()``) or job; ``send`` reaches the job's agents."""
         for item in self.items:
             item.watch(lock, state, job=job, cfg=cfg, send=send)

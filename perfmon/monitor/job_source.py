@@ -10,12 +10,14 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from perfmon import paths
 from perfmon.analysis.job import ATTEMPT_KEY, RANK_KEY
 from perfmon.analysis.profile_window import summarised
+from perfmon.messages.commands import Command
 from perfmon.monitor.sources import LiveSource, RecordingReader, ReplaySource, Source, wait_for_socket
 
 POLL_S = 0.25
@@ -201,18 +203,17 @@ class JobSource(Source):
         with self._lock:
             return sorted(r for r, s in self._ranks.items() if getattr(s, "connected", False))
 
-    def send(self, command: dict[str, Any]) -> bool:
-        """Send to the ranks in ``command["ranks"]`` (default: every rank); True if any took it."""
-        command = dict(command)
-        targets = command.pop("ranks", None)
+    def send(self, command: Command) -> bool:
+        """Send to the ranks in ``command.ranks`` (default: every rank); True if any took it."""
+        targets = command.ranks
+        local = replace(command, ranks=None)  # the agents get the command, not the routing
         with self._lock:
             sources = [(r, s) for r, s in self._ranks.items() if targets is None or r in targets]
         sent = False
         for _, source in sources:
-            sent = source.send(command) or sent
+            sent = source.send(local) or sent
         if self.remote is not None:  # the other nodes' relays pass it to their ranks (those named, or all)
-            remote = dict(command, ranks=targets) if targets is not None else command
-            sent = self.remote.send(remote) or sent
+            sent = self.remote.send(command) or sent
         return sent
 
     def close(self) -> None:

@@ -14,12 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from perfmon.analysis.job import JobState, rank_rows
 from perfmon.analysis.rules import Config, Finding, evaluate_job, evaluate_once
 from perfmon.analysis.rules.base import SEVERITIES
 from perfmon.analysis.state import RunState
+from perfmon.messages.commands import Command
 from perfmon.protocol import ALL_PHASES
 
 TB_INSTALL = "pip install tensorboard"
@@ -102,7 +102,7 @@ class ScalarLoggers:
         self.state: Callable[[], RunState | None] = lambda: None
         self.job: JobState | None = None
         self.cfg = Config()
-        self.send: Callable[[dict[str, Any]], bool] | None = None
+        self.send: Callable[[Command], bool] | None = None
         self._cleared: dict[str, set[str]] = {}  # finding tags logged before, per series: they log 0 when gone
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="perfmon-loggers", daemon=True)
@@ -110,7 +110,7 @@ class ScalarLoggers:
 
     def watch(self, lock: threading.Lock, state: Callable[[], RunState | None] | None = None,
               job: JobState | None = None, cfg: Config | None = None,
-              send: Callable[[dict[str, Any]], bool] | None = None) -> None:
+              send: Callable[[Command], bool] | None = None) -> None:
         """Log this monitor's state (or job) from now on; ``send``: a command to the job (W&B)."""
         self.lock = lock
         if state is not None:
@@ -148,10 +148,8 @@ class ScalarLoggers:
             if self.tb is not None:
                 self.tb.write(step, {prefix + tag: v for tag, v in values.items()})
             if self.wandb and self.send is not None:
-                command: dict[str, Any] = {"name": "log_metrics", "metrics": values}
-                if rank is not None:
-                    command["ranks"] = [rank]  # each rank logs its own numbers into its own run
-                self.send(command)
+                # each rank logs its own numbers into its own run
+                self.send(Command("log_metrics", metrics=values, ranks=(rank,) if rank is not None else None))
             self.written += 1
 
     def _run(self) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import protocol
+from perfmon.messages.commands import Command, parse_command
 from perfmon.monitor.launch import torchrun_options
 
 HUB_PORT_ENV = "PERFMON_HUB_PORT"
@@ -270,14 +271,15 @@ class Hub:
             conn.close()
             self.closed()
 
-    def send(self, command: dict[str, Any]) -> bool:
-        """A command to every relay (each passes it to its ranks, or to those ``command["ranks"]`` names)."""
+    def send(self, command: Command) -> bool:
+        """A command to every relay (each passes it to its ranks, or to those ``command.ranks`` names)."""
         with self._lock:
             relays = list(self.relays)
+        wire = command.to_wire()
         sent = False
         for conn in relays:
             try:
-                _send(conn, {"type": "command", **command})
+                _send(conn, wire)
                 sent = True
             except OSError:
                 pass
@@ -364,8 +366,10 @@ class Relay:
                 if msg is None:
                     return
                 source = self.source
-                if msg.get("type") == "command" and isinstance(msg.get("name"), str) and source is not None:
-                    source.send({k: v for k, v in msg.items() if k != "type"})
+                command = parse_command(msg) if msg.get("type") == "command" else None
+                # the hub authenticated; a line that is not a valid command (a newer hub's?) is skipped
+                if isinstance(command, Command) and source is not None:
+                    source.send(command)
         except OSError:
             return
 

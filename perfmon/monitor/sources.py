@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from perfmon import protocol
+from perfmon.messages.commands import Command
 from perfmon.monitor.tail import Tail
 
 if TYPE_CHECKING:
@@ -65,7 +66,8 @@ class Source:
     def messages(self) -> Iterator[dict[str, Any]]:
         raise NotImplementedError
 
-    def send(self, command: dict[str, Any]) -> bool:
+    def send(self, command: Command) -> bool:
+        """``command`` to the agent(s); True if sent."""
         return False
 
     def close(self) -> None:
@@ -304,10 +306,10 @@ class LiveSource(Source):
             self._last_seq = seq
             yield msg
 
-    def send(self, command: dict[str, Any]) -> bool:
+    def send(self, command: Command) -> bool:
         if self._sock is None or not self.connected:
             return False
-        data = protocol.encode(protocol.message("command", **command))
+        data = command.to_line()
         try:
             with self._send_lock:
                 self._sock.sendall(data)

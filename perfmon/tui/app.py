@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 from textual.binding import Binding
 
 from perfmon.analysis.profile_window import export_text
+from perfmon.messages.commands import Command, CommandName
 from perfmon.tui.shell import DETACHED, QUIT, STOPPED, DashboardShell
 from perfmon.tui.widgets.charts import SPANS
 from perfmon.tui.widgets.dialogs import DETACH, STOP, HelpScreen, QuitScreen
@@ -85,7 +87,7 @@ class PerfmonApp(DashboardShell):
             self.finish(STOPPED)
         elif choice == STOP and self.source is not None and not self.job_ended:
             try:  # attached: the job's own agent delivers the SIGINT (the socket admits only this user)
-                sent = self.source.send({"name": "stop", "id": len(self.commands_sent) + 1})
+                sent = self.source.send(Command("stop", id=len(self.commands_sent) + 1))
             except Exception:  # noqa: BLE001
                 sent = False
             if sent:
@@ -143,7 +145,7 @@ class PerfmonApp(DashboardShell):
         self.update_findings()
         self.refresh_data()
 
-    def _command_targets(self, name: str) -> dict[str, object]:
+    def _command_targets(self, name: str) -> dict[str, Any]:
         """Where a command goes in a multi-rank job: a profiler window on every rank at one step ahead of
         the fastest (the traces line up); the others to the rank shown, or every rank from the ranks view."""
         if self.job is None:
@@ -157,7 +159,7 @@ class PerfmonApp(DashboardShell):
             return {"at_step": top + ahead}
         if self.view == RANKS_VIEW[0] or self.selected is None:
             return {}
-        return {"ranks": [self.selected]}
+        return {"ranks": (self.selected,)}
 
     def action_cycle_sort(self) -> None:
         """s (ops view): next sort order of the top ops."""
@@ -172,7 +174,7 @@ class PerfmonApp(DashboardShell):
         if name == "export":
             self._export_window()
             return
-        cmd: dict[str, object] = {"name": name, "id": len(self.commands_sent) + 1, **self._command_targets(name)}
+        cmd = Command(cast(CommandName, name), id=len(self.commands_sent) + 1, **self._command_targets(name))
         sent = False
         if self.source is not None and not self.job_ended:
             try:
@@ -190,9 +192,9 @@ class PerfmonApp(DashboardShell):
 
     def _export_window(self) -> None:
         with self.lock:
-            prof = dict(self.state.profiles[-1]) if self.state.profiles else None
+            prof = self.state.profiles[-1] if self.state.profiles else None
         run_dir = self._output_dir()
-        if prof is None or not prof.get("top_ops"):
+        if prof is None or not prof.top_ops:
             self.notify("no analysed profiler window yet: press p first", title="export", severity="warning")
             return
         if run_dir is None:

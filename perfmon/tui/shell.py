@@ -31,6 +31,7 @@ from perfmon import messages
 from perfmon.analysis.job import JobState, rank_rows
 from perfmon.analysis.rules import Config, Engine, evaluate_job, evaluate_once
 from perfmon.analysis.state import RunState
+from perfmon.messages.commands import Command
 from perfmon.monitor.sources import Source
 from perfmon.tui import workers
 from perfmon.tui.mode import Mode
@@ -110,7 +111,7 @@ class DashboardShell(App[None]):
         self.engine = Engine(rules)
         self.findings: FindingsInfo | None = None
         self.view = "overview"
-        self.commands_sent: list[dict[str, object]] = []  # what the command keys sent (diagnostics and tests)
+        self.commands_sent: list[Command] = []  # what the command keys sent (diagnostics and tests)
         self._results = ResultFeed()
 
     # -- outcome ----------------------------------------------------------------------------

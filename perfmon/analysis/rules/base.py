@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ from perfmon.analysis import metrics
 from perfmon.analysis.metrics import MemoryBudget
 from perfmon.analysis.records import Step
 from perfmon.analysis.store import Store
-from perfmon.messages import CudaMem, GpuSample, HostSample, ModelInfo
+from perfmon.messages import CudaMem, GpuSample, HostSample, ModelInfo, ProfileWindow
 from perfmon.protocol import ALL_PHASES
 
 SEVERITIES = ("info", "warn", "critical")
@@ -57,11 +57,9 @@ class Config:
     memory_pressure: float = 0.90
     fragmentation_ratio: float = 1.3  # at the allocator peak: reserved vs allocated
     fragmentation_min_bytes: int = 1 << 30
-    fp32_gemm_share: float = 0.30
     instability_ratio: float = 2.0
     spike_ratio: float = 3.0
     instability_min_excess: float = 0.10  # share of time lost to slow steps
-    first_step_ratio: float = 10.0
     creep_growth: float = 0.10
     creep_min_bytes: int = 100 << 20
     creep_min_points: int = 20
@@ -88,11 +86,17 @@ class Config:
         values: dict[str, Any] = {}
         for key, value in {**data.get("thresholds", {}), **{k: v for k, v in data.items() if k != "thresholds"}}.items():
             key = key.replace("-", "_")
+            if key in RETIRED:
+                raise ValueError(f"{key!r} is no longer a setting: {RETIRED[key]}")
             if key not in known:
                 raise ValueError(f"unknown setting {key!r}")
             if key == "disabled":
                 if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                     raise ValueError(f"'disabled' wants a list of rule ids, got {value!r}")
+                unknown = sorted(set(value) - rule_ids())
+                if unknown:  # a misspelt id would leave its rule on without a word
+                    raise ValueError(f"'disabled' names no rule {', '.join(map(repr, unknown))} "
+                                     f"(rules: {', '.join(sorted(rule_ids()))})")
                 values[key] = tuple(value)
                 continue
             default = getattr(defaults, key)
@@ -105,6 +109,21 @@ class Config:
         return cls(**values)
 
 
+#: Settings earlier versions accepted that never changed a finding: refused with the reason, not ignored.
+RETIRED = {
+    "fp32_gemm_share": "no-mixed-precision comes from the profiler window's trace analysis, which decides it "
+                       "(FP32 kernels >= 50% of GEMM time: warn, >= 80%: critical)",
+    "first_step_ratio": "no rule read it",
+}
+
+
+def rule_ids() -> set[str]:
+    """Every rule id, the single-run rules' and the whole-job rules'."""
+    from perfmon.analysis.rules.distributed import JOB_REGISTRY  # registered on import of the package
+
+    return set(REGISTRY) | set(JOB_REGISTRY)
+
+
 @dataclass
 class Facts:
     """What the rules read, and all they read: the recent window past warm-up, and the whole run."""
@@ -113,7 +132,7 @@ class Facts:
     shares: dict[str, float]
     step_ms: list[float]
     total_steps: int
-    profile: dict[str, Any] | None
+    profile: ProfileWindow | None  # the last profiler window
     model: ModelInfo  # empty before the first model message
     gpus: list[GpuSample]
     cuda_mem: CudaMem | None
@@ -121,7 +140,6 @@ class Facts:
     budget: MemoryBudget
     rss_history: list[float]  # RSS readings past warm-up, oldest first
     cuda_alloc_history: list[float]  # CUDA allocated memory, the same way
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_state(cls, state: Store, cfg: Config) -> Facts:

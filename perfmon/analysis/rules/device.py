@@ -9,7 +9,7 @@ from perfmon.analysis.rules.base import Config, Facts, Finding, rule
 def device_underused(f: Facts, cfg: Config) -> Finding | None:
     if not f.gpus or f.shares["data"] > cfg.data_warn:
         return None
-    busy = (f.profile or {}).get("device_busy")
+    busy = f.profile.device_busy if f.profile is not None else None
     util = f.gpus[0].util_gpu
     low_busy = busy is not None and busy < cfg.device_busy_min
     low_util = util is not None and util < cfg.nvml_util_min
@@ -28,14 +28,15 @@ def device_underused(f: Facts, cfg: Config) -> Finding | None:
 @rule("host-sync", ">= 1 CUDA runtime synchronisation per step (cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize: what .item(), .cpu() and DtoH copies end in) in the last profiler window")
 def host_sync(f: Facts, cfg: Config) -> Finding | None:
     prof = f.profile
-    if not prof or prof.get("device") != "cuda" or (prof.get("syncs_per_step") or 0) < cfg.syncs_per_step_warn:
+    syncs = prof.syncs_per_step if prof is not None else None
+    if prof is None or prof.device != "cuda" or syncs is None or syncs < cfg.syncs_per_step_warn:
         return None  # on CPU nothing waits for a device
-    names = [op["name"] for op in prof.get("top_ops", []) if op["name"] in (
-        "aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize") or "DtoH" in op["name"]]
+    names = [op.name for op in prof.top_ops if op.name is not None and (op.name in (
+        "aten::item", "aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize") or "DtoH" in op.name)]
     return Finding(
         "host-sync", "warn",
-        f"{prof['syncs_per_step']:.1f} host-device synchronisations per step",
-        {"syncs_per_step": prof["syncs_per_step"], "ops": names, "window_step": prof.get("step")},
+        f"{syncs:.1f} host-device synchronisations per step",
+        {"syncs_per_step": syncs, "ops": names, "window_step": prof.step},
         "Each .item()/.cpu()/print(tensor) waits for the GPU to drain. Accumulate metrics on the device "
         "(running_loss += loss.detach()) and call .item() every N steps, not every step.",
     )
@@ -45,14 +46,14 @@ def _from_trace(f: Facts, rule_id: str) -> Finding | None:
     """The last profiler window's own finding ``rule_id``, as its trace analysis found it (what actually ran on
     the device: kernels, copies, gaps), above info; windows summarised by older jobs carry none."""
     prof = f.profile
-    found = next((x for x in (prof or {}).get("trace_findings") or () if isinstance(x, dict) and x.get("id") == rule_id),
-                 None)
-    if found is None or found.get("severity") not in ("warn", "critical"):
+    found = prof.finding(rule_id) if prof is not None else None
+    if found is None or found.severity not in ("warn", "critical"):
         return None
-    evidence = dict(found.get("evidence") or {})
-    evidence["window_step"] = prof.get("step") if prof else None
-    return Finding(rule_id, found["severity"], str(found.get("title", rule_id)), evidence, str(found.get("fix", "")),
-                   impact=float(evidence.get("impact", 0.0) or 0.0))
+    evidence = dict(found.evidence or {})
+    evidence["window_step"] = prof.step if prof is not None else None
+    impact = evidence.get("impact")
+    return Finding(rule_id, found.severity, found.title or rule_id, evidence, found.fix or "",
+                   impact=float(impact) if isinstance(impact, int | float) else 0.0)
 
 
 @rule("no-mixed-precision", "in the last CUDA profiler window's trace, FP32 (non-tensor-core) GEMM/convolution kernels "

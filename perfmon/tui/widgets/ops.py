@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
@@ -13,8 +12,9 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from perfmon.analysis.state import RunState
+from perfmon.messages import Breakdown, OpStat
 from perfmon.tui.widgets import fmt
-from perfmon.tui.widgets.fmt import Num, number
+from perfmon.tui.widgets.fmt import Num
 from perfmon.tui.widgets.styled import StyledWidget
 
 #: Sort orders, cycled by the ``s`` key: (label, op key).
@@ -37,12 +37,11 @@ class OpRow:
     shapes: str
 
     @classmethod
-    def from_dict(cls, op: dict[str, Any]) -> OpRow:
+    def of(cls, op: OpStat) -> OpRow:
         return cls(
-            name=str(op.get("name", "?")), calls=int(number(op.get("calls")) or 0),
-            self_ms=number(op.get("self_ms")) or 0.0, total_ms=number(op.get("total_ms")) or 0.0,
-            self_cpu_ms=number(op.get("self_cpu_ms")) or 0.0, flops=int(number(op.get("flops")) or 0),
-            share=number(op.get("share")) or 0.0, shapes=str(op.get("shapes") or ""),
+            name=op.name if op.name is not None else "?", calls=op.calls or 0, self_ms=op.self_ms or 0.0,
+            total_ms=op.total_ms or 0.0, self_cpu_ms=op.self_cpu_ms or 0.0, flops=int(op.flops or 0),
+            share=op.share or 0.0, shapes=op.shapes or "",
         )
 
 
@@ -64,7 +63,7 @@ class OpsInfo:
     capturing: str | None  # "started at step N" while a window is being captured
     windows: int
     kernels: tuple[OpRow, ...] = ()  # a GPU window analysed from its trace: top kernels by device time
-    breakdown: dict[str, float | None] | None = None  # idle / compute / communication ... (HTA's definitions)
+    breakdown: Breakdown | None = None  # idle / compute / communication ... (HTA's definitions)
     columns: tuple[str, ...] = ("total_ms", "flops")  # optional columns this window has
     error: str | None = None  # the trace could not be analysed
 
@@ -73,36 +72,27 @@ class OpsInfo:
         """Derive the panel from ``state`` (call with the state lock held)."""
         capturing = None
         if state.profiling is not None:
-            step = state.profiling.get("step")
-            capturing = f"capturing a profiler window (from step {fmt.count(step)})…" if isinstance(step, int) else \
-                "capturing a profiler window…"
+            capturing = f"capturing a profiler window (from step {fmt.count(state.profiling.step)})…"
         if not state.profiles:
             label = SORTS[sort_index % len(SORTS)][0]
             return cls((), label, None, None, None, None, None, None, None, None, None, capturing, 0)
         prof = state.profiles[-1]
-        ops = [op for op in prof.get("top_ops") or () if isinstance(op, dict)]
+        ops = prof.top_ops
         # windows analysed from their trace have no inclusive time or FLOPs per op: no such columns or sorts
-        columns = tuple(k for k in ("total_ms", "flops") if any(k in op for op in ops)) if ops else ("total_ms", "flops")
+        columns = tuple(k for k in ("total_ms", "flops") if any(k in op.given for op in ops)) if ops else (
+            "total_ms", "flops")
         sorts = [s for s in SORTS if s[1] in ("self_ms", "calls", *columns)]
         label, key = sorts[sort_index % len(sorts)]
-        rows = [OpRow.from_dict(op) for op in ops]
+        rows = [OpRow.of(op) for op in ops]
         rows.sort(key=lambda r: (getattr(r, key), r.self_ms), reverse=True)
-        kernels = tuple(OpRow.from_dict(k) for k in prof.get("top_kernels") or () if isinstance(k, dict))
-        breakdown = prof.get("breakdown") if isinstance(prof.get("breakdown"), dict) else None
-        t = number(prof.get("t"))
+        t = prof.t
         age = fmt.ago(max(0.0, now - t)) if t is not None and now is not None else None
-        step, active, total = prof.get("step"), prof.get("active_steps"), prof.get("ops_total")
         return cls(
-            rows=tuple(rows), sort=label,
-            step=step if isinstance(step, int) else None,
-            active_steps=active if isinstance(active, int) else None,
-            reason=str(prof["reason"]) if prof.get("reason") else None,
-            device=str(prof["device"]) if prof.get("device") else None,
-            age=age, syncs=number(prof.get("syncs_per_step")), busy=number(prof.get("device_busy")),
-            ops_total=total if isinstance(total, int) else None,
-            trace=str(prof["trace"]) if prof.get("trace") else None,
-            capturing=capturing, windows=len(state.profiles), kernels=kernels, breakdown=breakdown,
-            columns=columns, error=str(prof["analysis_error"]) if prof.get("analysis_error") else None,
+            rows=tuple(rows), sort=label, step=prof.step, active_steps=prof.active_steps,
+            reason=prof.reason or None, device=prof.device or None, age=age, syncs=prof.syncs_per_step,
+            busy=prof.device_busy, ops_total=prof.ops_total, trace=prof.trace or None, capturing=capturing,
+            windows=len(state.profiles), kernels=tuple(OpRow.of(k) for k in prof.top_kernels),
+            breakdown=prof.breakdown, columns=columns, error=prof.analysis_error or None,
         )
 
 
@@ -201,10 +191,11 @@ class OpsView:
             line.append("syncs/step ", st["label"]).append(fmt.num(info.syncs, digits=1), st["value"])
         line.append(" · device busy ", st["label"]).append(fmt.share(info.busy) if info.busy is not None else fmt.NA,
                                                             st["value"])
-        b = info.breakdown or {}
-        for label, key in (("compute", "compute"), ("comm", "communication"), ("overlap", "comm_compute_overlap")):
-            if isinstance(b.get(key), int | float):
-                line.append(f" · {label} ", st["label"]).append(fmt.share(b[key]), st["value"])
+        b = info.breakdown
+        if b is not None:
+            for label, value in (("compute", b.compute), ("comm", b.communication), ("overlap", b.comm_compute_overlap)):
+                if value is not None:
+                    line.append(f" · {label} ", st["label"]).append(fmt.share(value), st["value"])
         if info.ops_total is not None:
             line.append(" · ", st["label"]).append(fmt.count(info.ops_total), st["value"]).append(" ops", st["label"])
         line.append(" · trace ", st["label"])
