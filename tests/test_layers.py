@@ -21,23 +21,42 @@ FORBIDDEN = {
     "protocol.py": INSIDE_BANNED | {"torch"},
     "messages": INSIDE_BANNED | {"torch"},  # the typed messages: stdlib only, any side may read them
     "paths.py": INSIDE_BANNED | {"torch"},
+    "recording.py": INSIDE_BANNED | {"torch"},  # reading a recording: the report's and the monitor's
+    "tail.py": INSIDE_BANNED | {"torch"},
     "_api.py": INSIDE_BANNED | {"torch"},
     "auto.py": INSIDE_BANNED,
     "__init__.py": INSIDE_BANNED,
-    "analysis": {"textual", "rich", "torch", "perfmon.tui", "perfmon.agent", "perfmon.collectors"},
+    # analysis is what the monitor, the report and the dashboard build on: it never reaches back into them
+    "analysis": {"textual", "rich", "torch", "perfmon.tui", "perfmon.monitor", "perfmon.agent", "perfmon.collectors"},
     "monitor": {"torch", "perfmon.agent", "perfmon.collectors"},
     "tui": {"torch", "perfmon.agent", "perfmon.collectors"},
 }
 
 
-def imports(path: Path) -> set[str]:
+def imports(path: Path, package: tuple[str, ...] | None = None) -> set[str]:
+    """Every module ``path`` imports, anywhere in it: relative imports resolved (against ``package``, by default
+    where it lies), and ``from pkg import name`` counted as ``pkg.name`` too (it may be a module: ``from perfmon
+    import analysis``)."""
+    if package is None:
+        package = path.relative_to(PKG.parent).with_suffix("").parts[:-1]  # e.g. ("perfmon", "agent")
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else ()
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names.add(module)
+            names |= {f"{module}.{a.name}" for a in node.names}
     return names
+
+
+def test_imports_sees_relative_and_from_package_imports(tmp_path):
+    """The layer check itself: what a module could slip past it."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from .. import analysis\nfrom ..tui import app\nfrom perfmon import monitor\n")
+    seen = imports(probe, ("perfmon", "agent"))
+    assert {"perfmon.analysis", "perfmon.tui.app", "perfmon.monitor"} <= seen
 
 
 def modules():

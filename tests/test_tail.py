@@ -1,4 +1,4 @@
-"""The one file tailer (perfmon/monitor/tail.py) and its three users' adapters."""
+"""The one file tailer (perfmon/tail.py) and its three users' adapters."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from perfmon import protocol
 from perfmon.monitor.headless import LogTail
-from perfmon.monitor.sources import RecordingReader
-from perfmon.monitor.tail import Tail
+from perfmon.recording import RecordingReader
+from perfmon.tail import Tail
 from perfmon.tui.widgets.logpanel import OutputTail
 
 # A case: Tail options, then steps of (what happens to the file, its bytes, what ``lines()`` gives next).

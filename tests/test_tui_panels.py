@@ -28,7 +28,8 @@ from perfmon import protocol
 from perfmon.analysis.rules import Config, evaluate_once
 from perfmon.analysis.state import RunState
 from perfmon.messages.commands import Command
-from perfmon.monitor.sources import RecordingReader, ReplaySource, Source
+from perfmon.monitor.sources import ReplaySource, Source
+from perfmon.recording import RecordingReader
 from perfmon.tui.app import NOT_CONNECTED, PerfmonApp
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.charts import SPANS

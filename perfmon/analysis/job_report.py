@@ -154,7 +154,7 @@ def wait_for_ranks(run_dir: Path, timeout: float, poll: float = 1.0) -> None:
     import time
 
     from perfmon import paths
-    from perfmon.monitor.launch import recording_ended
+    from perfmon.recording import recording_ended
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -15,8 +15,8 @@ from typing import Any
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
 from perfmon.messages import ProfileWindow, as_sent
-from perfmon.monitor.sources import ReplaySource
 from perfmon.protocol import ALL_PHASES
+from perfmon.recording import RecordingReader, read_all
 
 SCHEMA = 1
 _SHORT = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
@@ -41,12 +41,12 @@ def load_recording(run_dir: Path) -> RunState:
     if not events.is_file():
         raise ReportError(f"{run_dir}: no recording (events.jsonl) in this directory")
     state = RunState()
-    source = ReplaySource(run_dir)
-    for msg in summarised(source.messages()):  # windows analysed from their traces
+    reader = RecordingReader(events)
+    for msg in summarised(read_all(reader)):  # windows analysed from their traces
         state.apply(msg)
-    state.skipped += source.skipped
+    state.skipped += reader.skipped
     if not state.meta.received:
-        newer = [e for e in source.reader.errors if "newer" in e]
+        newer = [e for e in reader.errors if "newer" in e]
         if newer:
             raise ReportError(f"{run_dir}: {newer[0]}; upgrade perfmon to read it")
         raise ReportError(f"{run_dir}: events.jsonl holds no perfmon recording")

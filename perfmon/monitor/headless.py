@@ -20,7 +20,7 @@ from perfmon.analysis.rules import Config, Engine
 from perfmon.analysis.state import RunState
 from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording
 from perfmon.monitor.sources import ReplaySource, Source, connect
-from perfmon.monitor.tail import Tail
+from perfmon.tail import Tail
 
 
 class LogTail:

@@ -18,7 +18,8 @@ from perfmon import paths
 from perfmon.analysis.job import ATTEMPT_KEY, RANK_KEY
 from perfmon.analysis.profile_window import summarised
 from perfmon.messages.commands import Command
-from perfmon.monitor.sources import LiveSource, RecordingReader, ReplaySource, Source, wait_for_socket
+from perfmon.monitor.sources import LiveSource, ReplaySource, Source, wait_for_socket
+from perfmon.recording import RecordingReader
 
 POLL_S = 0.25
 _DONE = object()

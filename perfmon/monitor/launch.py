@@ -21,6 +21,7 @@ from typing import Any
 
 from perfmon import paths, protocol
 from perfmon.analysis.state import RunState
+from perfmon.recording import ends_with_exit, tail_bytes
 
 
 class LaunchError(Exception):
@@ -273,13 +274,13 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
     from ``state`` when it saw the whole stream, else from the recording."""
     state.process_exited(returncode)
     events = run_dir / "events.jsonl"
-    tail = _tail(events)
+    tail = tail_bytes(events)
     if tail is None:
         return None
     written = tail[: tail.rfind(b"\n") + 1]  # a partial last line is not a record
     from perfmon.analysis.report import build_summary, write_summary
 
-    if not _ends_with_exit(written):
+    if not ends_with_exit(written):
         assert state.exit is not None
         msg = protocol.message(
             "event", kind="exit", seq=state.last_seq + 1, t=time.time(), code=state.exit.code,
@@ -310,37 +311,3 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
     return summary
 
 
-def recording_ended(run_dir: Path) -> bool:
-    """The run's recording holds its exit record, or the process that wrote it is gone."""
-    tail = _tail(run_dir / "events.jsonl")
-    if tail is None:
-        return True
-    if _ends_with_exit(tail[: tail.rfind(b"\n") + 1]):
-        return True
-    try:
-        with open(run_dir / "events.jsonl", "rb") as f:
-            pid = protocol.decode(f.readline()).get("pid")
-    except (OSError, protocol.DecodeError):
-        return True
-    return not isinstance(pid, int) or not paths.pid_alive(pid)
-
-
-def _ends_with_exit(complete: bytes) -> bool:
-    """The last complete record is the agent's exit event (decoded, not matched as bytes)."""
-    last = complete.rstrip(b"\n").rsplit(b"\n", 1)[-1]
-    try:
-        msg = protocol.decode(last)
-    except protocol.DecodeError:
-        return False
-    return msg.get("type") == "event" and msg.get("kind") == "exit"
-
-
-def _tail(path: Path, size: int = 1 << 16) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            end = f.tell()
-            f.seek(max(0, end - size))
-            return f.read()
-    except OSError:
-        return None

@@ -18,40 +18,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from perfmon import protocol
 from perfmon.messages.commands import Command
-from perfmon.monitor.tail import Tail
+from perfmon.recording import RecordingReader
 
 if TYPE_CHECKING:
     from perfmon.monitor.launch import TrainingProcess
-
-
-class RecordingReader:
-    """Reads the messages of a growing ``events.jsonl`` from where it left off (complete lines only)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.tail = Tail(path, max_line=protocol.MAX_LINE)  # longer: given out whole, then skipped by decode
-        self.skipped = 0
-        self.errors: list[str] = []
-
-    @property
-    def offset(self) -> int:
-        """Bytes of the file read so far."""
-        return self.tail.offset
-
-    def read_new(self, max_bytes: int = -1) -> list[dict[str, Any]]:
-        """Messages appended since the last call (at most about ``max_bytes`` of them);
-        a trailing partial line waits for its end."""
-        out = []
-        for line in self.tail.lines(max_bytes):
-            if not line.strip():
-                continue
-            try:
-                out.append(protocol.decode(line))
-            except protocol.DecodeError as exc:
-                self.skipped += 1
-                if len(self.errors) < 10:
-                    self.errors.append(str(exc))
-        return out
 
 
 class Source:

@@ -12,7 +12,7 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Log, Static
 
-from perfmon.monitor.tail import Tail
+from perfmon.tail import Tail
 
 MAX_LINES = 5000
 _ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
