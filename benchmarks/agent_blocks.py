@@ -26,11 +26,16 @@ threads together (goal: <= 10 us), with the median, the mean and a 95% interval 
 the CPU splits between the training thread (the hooks) and perfmon's own threads. And two parts of the
 slowdown that the host's speed does not blur, from Linux's schedstat of the training thread: the time it sleeps
 (waiting for the GIL that perfmon's threads hold) and the time it waits for a CPU, each on minus off, per step.
+
+The mean of per-pair ratios reads high by about the variance of one block (x -> 1/x is convex: with blocks that
+scatter by 10%, +1%), so the geometric mean of the ratios, with its interval, is printed too. ``--control`` runs
+the same pairs with no perfmon in either block (an A/A test): what the method and the host read by themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import statistics
@@ -146,6 +151,8 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=30)
     p.add_argument("--block-s", type=float, default=1.0, help="seconds a timed block lasts, about")
     p.add_argument("--no-monitor", action="store_true", help="no monitor connected to the agent's socket")
+    p.add_argument("--control", action="store_true",
+                   help="A/A: 'on' blocks without perfmon (the same random warm-up): what the method alone reads")
     args = p.parse_args()
     # finish() leaves summary.json to the launcher when the launcher is this process's parent
     os.environ["PERFMON_LAUNCHER_PID"] = str(os.getppid())
@@ -162,15 +169,21 @@ def main() -> None:
     rng = random.Random(0)
     threads = threading.active_count()
     pairs: list[tuple[Block, Block]] = []
-    print(f"job {args.job}: {args.pairs} pairs of blocks of {n} steps (~{args.block_s:.1f} s), "
-          f"monitor {'off' if args.no_monitor else 'connected'}", flush=True)
+    what = ("A/A control: no perfmon in any block" if args.control
+            else f"monitor {'off' if args.no_monitor else 'connected'}")
+    print(f"job {args.job}: {args.pairs} pairs of blocks of {n} steps (~{args.block_s:.1f} s), {what}", flush=True)
     with tempfile.TemporaryDirectory(prefix="perfmon-agent-blocks-") as tmp:
         for i in range(args.pairs):
             got: dict[str, Block] = {}
             for way in ("off", "on") if i % 2 == 0 else ("on", "off"):
                 if way == "on":
                     warmup = int(rng.uniform(0.1, 1.1) * per_s) + 3  # the first 3 steps find the model
-                    got[way] = on_block(step, n, warmup, Path(tmp) / f"run-{i}", not args.no_monitor)
+                    if args.control:
+                        for _ in range(warmup):
+                            step()
+                        got[way] = timed(step, n)
+                    else:
+                        got[way] = on_block(step, n, warmup, Path(tmp) / f"run-{i}", not args.no_monitor)
                 else:
                     if threading.active_count() != threads:
                         raise SystemExit(f"perfmon threads left running: {threading.enumerate()}")
@@ -190,9 +203,14 @@ def report(pairs: list[tuple[Block, Block]]) -> None:
     hooks = [on.thread - off.thread for on, off in pairs]
     agent = [on.process - on.thread for on, _ in pairs]  # the job has one torch thread: the rest are perfmon's
     r_mean, r_half = interval(ratios)
+    logs = [math.log(r) for r in ratios]
+    g_mean, g_half = interval(logs)
     c_mean, c_half = interval(cpu)
     print(f"in-loop wall ratio: median {statistics.median(ratios):.4f}, mean {r_mean:.4f} +- {r_half:.4f} "
           f"(95%; goal <= 1.01 on the mlp job)")
+    # the mean of ratios reads high by about the variance of a block (1/x is convex): the geometric mean does not
+    print(f"  geometric mean {math.exp(g_mean):.4f} (95%: {math.exp(g_mean - g_half):.4f} to "
+          f"{math.exp(g_mean + g_half):.4f})")
     print(f"perfmon's CPU per step, all threads: median {statistics.median(cpu):+.2f} us, mean {c_mean:+.2f} "
           f"+- {c_half:.2f} us (95%; goal <= 10)")
     print(f"  training thread (hooks): median {statistics.median(hooks):+.2f} us; "

@@ -63,5 +63,18 @@ def test_agent_blocks_starts_and_finishes_whole_agents_in_one_process(env: dict[
                          env=env).stdout
     assert len(re.findall(r"^pair +\d: wall +[\d.]+ -> +[\d.]+ us \([\d.]+\) +process CPU", out, re.M)) == 2, out
     assert re.search(r"^in-loop wall ratio: median [\d.]+, mean [\d.]+ \+- [\d.]+ \(95%", out, re.M), out
+    assert re.search(r"^  geometric mean [\d.]+ \(95%: [\d.]+ to [\d.]+\)$", out, re.M), out
     # tiny blocks: the process and thread clocks are read a moment apart, so ~0 may print as -0.00
     assert re.search(r"perfmon's threads: median -?[\d.]+ us, mean -?[\d.]+ us$", out, re.M), out
+    assert re.search(r"^training thread asleep \(the GIL\): [\d.]+ us/step on, [\d.]+ off: [+-][\d.]+ \+- [\d.]+ "
+                     r"us/step; waiting for a CPU: [+-][\d.]+ \+- [\d.]+ us/step", out, re.M), out
+
+
+@pytest.mark.e2e
+def test_agent_threads_names_each_of_perfmons_threads(env: dict[str, str]) -> None:  # noqa: F811
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "agent_threads.py"), "--job", "tiny",
+                          "--seconds", "0.5"], capture_output=True, text=True, timeout=300, check=True,
+                         env=env).stdout
+    assert re.search(r"^job tiny: \d+ steps in [\d.]+ s \(\d+ steps/s\), monitor connected$", out, re.M), out
+    for thread in ("MainThread", "perfmon-agent", "perfmon-sampler", "perfmon-server"):
+        assert re.search(rf"^  {thread} +[\d.]+ ms/s +[\d.]+ us/step +[\d.]+ runs/s$", out, re.M), out
