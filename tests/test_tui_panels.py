@@ -441,6 +441,18 @@ async def test_p_sends_profile_and_results_are_toasts(tmp_path: Path) -> None:
         await wait_until(pilot, lambda: toasts(app) == [])  # and gone again after a short while
 
 
+async def test_e_exports_a_replayed_window_but_no_command_reaches_a_job(tmp_path: Path) -> None:
+    """A replay has no job to command (p, c, f, m do nothing), but e is the monitor's own: it writes the window."""
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await loaded(pilot)
+        await pilot.press("4", "p", "c", "e")
+        assert app.commands_sent == []
+        await wait_until(pilot, lambda: any(t.startswith("exported ") for t, _ in toasts(app)))
+        exported = next(t for t, _ in toasts(app) if t.startswith("exported "))
+        assert "window at step" in Path(exported.removeprefix("exported ")).read_text()
+
+
 async def test_c_on_cpu_run_shows_the_agents_answer(tmp_path: Path) -> None:
     app, source = live_app(tmp_path)
     async with app.run_test(size=(80, 24), notifications=True) as pilot:

@@ -217,8 +217,8 @@ class PerfmonApp(DashboardShell):
             return self.job is not None
         if action == "replay":
             return self.mode.player is not None
-        if action in ("command", "detach") and not self.live:
-            return False  # a replay or a finished job: no job to command or to leave running
+        if action in ("command", "detach") and not self.live and parameters != ("export",):
+            return False  # a replay or a finished job: no job to command or to leave running (export is ours)
         return True
 
     def action_help(self) -> None:
