@@ -31,6 +31,9 @@ bench: setup
 	$(BIN)/python benchmarks/agent_cpu.py --job tiny
 	$(BIN)/python benchmarks/hook_floor.py --job mlp
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/agent_threads.py --job mlp
+	$(BIN)/python benchmarks/agent_blocks.py --job mlp --pairs 30
+	$(BIN)/python benchmarks/dashboard_cpu.py --job mlp
 
 clean:
 	rm -rf $(VENV) perfmon-runs .pytest_cache
