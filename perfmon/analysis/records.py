@@ -33,6 +33,15 @@ class PhaseTotals:
     hist: Histogram = field(default_factory=Histogram)
 
 
+@dataclass(frozen=True, slots=True)
+class Capturing:
+    """A profiler window being captured: why, since when, from which step (the monitor's count)."""
+
+    reason: str | None
+    t: float | None
+    step: int
+
+
 @dataclass
 class ExitInfo:
     code: int | None = None

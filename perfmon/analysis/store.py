@@ -14,11 +14,10 @@ import time
 from collections import deque
 from typing import Any
 
-from perfmon.analysis.records import ExitInfo, Peaks, PhaseTotals, Step, higher
+from perfmon.analysis.records import Capturing, ExitInfo, Peaks, PhaseTotals, Step, higher
 from perfmon.analysis.series import TimeSeries
 from perfmon.messages import (
     AgentWarning,
-    Capturing,
     CommandResult,
     CudaMem,
     Exit,

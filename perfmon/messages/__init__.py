@@ -32,7 +32,7 @@ from perfmon.messages.events import (
     parse_event,
 )
 from perfmon.messages.facts import Hello, LoaderSettings, ModelInfo, OptimizerFlags
-from perfmon.messages.profile import Breakdown, Capturing, OpStat, ProfileWindow, TraceFinding, parse_profile
+from perfmon.messages.profile import Breakdown, OpStat, ProfileWindow, TraceFinding, parse_profile
 from perfmon.messages.steps import Bulk, StepRows, parse_steps
 from perfmon.messages.telemetry import (
     LEGACY_PROC_MEM_REASON,
@@ -45,7 +45,7 @@ from perfmon.messages.telemetry import (
 
 __all__ = [
     "COMMAND_NAMES", "Command", "CommandError", "CommandName", "parse_command",
-    "LEGACY_PROC_MEM_REASON", "AgentWarning", "Breakdown", "Bulk", "Capturing", "CommandResult", "CudaMem", "Event",
+    "LEGACY_PROC_MEM_REASON", "AgentWarning", "Breakdown", "Bulk", "CommandResult", "CudaMem", "Event",
     "Exit", "GpuSample", "Hello", "HostSample", "Invalid", "LoaderSettings", "Message", "ModelInfo", "OpStat",
     "OptimizerFlags", "Other", "ProfileStarted", "ProfileWindow", "Reset", "Sample", "StepRows", "TraceFinding",
     "WindowEdge", "as_sent", "merged", "parse",

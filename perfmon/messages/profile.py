@@ -90,12 +90,3 @@ CONVERT["dict[str, Any] | None"] = lambda v: dict(v) if isinstance(v, dict) else
 
 def parse_profile(msg: dict[str, Any], seq: int | None) -> ProfileWindow:
     return record(ProfileWindow, msg, seq=seq)
-
-
-@dataclass(frozen=True, slots=True)
-class Capturing:
-    """A profiler window being captured: why, since when, from which step (the monitor's count)."""
-
-    reason: str | None
-    t: float | None
-    step: int
