@@ -28,8 +28,11 @@ slowdown that the host's speed does not blur, from Linux's schedstat of the trai
 (waiting for the GIL that perfmon's threads hold) and the time it waits for a CPU, each on minus off, per step.
 
 The mean of per-pair ratios reads high by about the variance of one block (x -> 1/x is convex: with blocks that
-scatter by 10%, +1%), so the geometric mean of the ratios, with its interval, is printed too. ``--control`` runs
-the same pairs with no perfmon in either block (an A/A test): what the method and the host read by themselves.
+scatter by 10%, +1%), so the geometric mean of the ratios, with its interval, is printed too, and the
+Hodges-Lehmann estimate of the log ratio with its Wilcoxon interval: a block's time on this host has heavy tails
+(one block in twenty is 20-50% off, either way), which a mean and its t interval take at full weight.
+``--control`` runs the same pairs with no perfmon in either block (an A/A test): what the method and the host read
+by themselves.
 """
 
 from __future__ import annotations
@@ -145,6 +148,19 @@ def interval(diffs: list[float]) -> tuple[float, float]:
     return statistics.fmean(diffs), t * statistics.stdev(diffs) / sqrt(len(diffs))
 
 
+def hodges_lehmann(values: list[float]) -> tuple[float, float, float]:
+    """The Hodges-Lehmann estimate of the centre of ``values`` (paired differences: the median of all pairwise
+    means) and its distribution-free 95% interval from Wilcoxon's signed-rank statistic (normal approximation,
+    fine from ~20 values). On this host a block's time has heavy tails (a neighbour's burst makes one block 30-50%
+    slower, either way), which widen a t interval of the mean; this interval needs only that the noise be
+    symmetric, which the alternating order of the blocks makes it."""
+    n = len(values)
+    walsh = sorted((values[i] + values[j]) / 2 for i in range(n) for j in range(i, n))
+    k = int(n * (n + 1) / 4 - 1.959964 * math.sqrt(n * (n + 1) * (2 * n + 1) / 24))
+    k = min(max(k, 0), len(walsh) - 1)
+    return statistics.median(walsh), walsh[k], walsh[len(walsh) - 1 - k]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", choices=("mlp", "tiny"), default="mlp")
@@ -211,6 +227,8 @@ def report(pairs: list[tuple[Block, Block]]) -> None:
     # the mean of ratios reads high by about the variance of a block (1/x is convex): the geometric mean does not
     print(f"  geometric mean {math.exp(g_mean):.4f} (95%: {math.exp(g_mean - g_half):.4f} to "
           f"{math.exp(g_mean + g_half):.4f})")
+    h_mid, h_lo, h_hi = hodges_lehmann(logs)
+    print(f"  Hodges-Lehmann {math.exp(h_mid):.4f} (95%, Wilcoxon: {math.exp(h_lo):.4f} to {math.exp(h_hi):.4f})")
     print(f"perfmon's CPU per step, all threads: median {statistics.median(cpu):+.2f} us, mean {c_mean:+.2f} "
           f"+- {c_half:.2f} us (95%; goal <= 10)")
     print(f"  training thread (hooks): median {statistics.median(hooks):+.2f} us; "

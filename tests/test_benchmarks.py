@@ -64,6 +64,7 @@ def test_agent_blocks_starts_and_finishes_whole_agents_in_one_process(env: dict[
     assert len(re.findall(r"^pair +\d: wall +[\d.]+ -> +[\d.]+ us \([\d.]+\) +process CPU", out, re.M)) == 2, out
     assert re.search(r"^in-loop wall ratio: median [\d.]+, mean [\d.]+ \+- [\d.]+ \(95%", out, re.M), out
     assert re.search(r"^  geometric mean [\d.]+ \(95%: [\d.]+ to [\d.]+\)$", out, re.M), out
+    assert re.search(r"^  Hodges-Lehmann [\d.]+ \(95%, Wilcoxon: [\d.]+ to [\d.]+\)$", out, re.M), out
     # tiny blocks: the process and thread clocks are read a moment apart, so ~0 may print as -0.00
     assert re.search(r"perfmon's threads: median -?[\d.]+ us, mean -?[\d.]+ us$", out, re.M), out
     assert re.search(r"^training thread asleep \(the GIL\): [\d.]+ us/step on, [\d.]+ off: [+-][\d.]+ \+- [\d.]+ "
@@ -78,3 +79,22 @@ def test_agent_threads_names_each_of_perfmons_threads(env: dict[str, str]) -> No
     assert re.search(r"^job tiny: \d+ steps in [\d.]+ s \(\d+ steps/s\), monitor connected$", out, re.M), out
     for thread in ("MainThread", "perfmon-agent", "perfmon-sampler", "perfmon-server"):
         assert re.search(rf"^  {thread} +[\d.]+ ms/s +[\d.]+ us/step +[\d.]+ runs/s$", out, re.M), out
+
+
+def test_hodges_lehmann_centre_and_interval() -> None:
+    """The estimate is the median of the pairwise means, and its interval covers a true shift hidden in
+    heavy-tailed noise as often as 95% says (the interval the ratio goal is read from)."""
+    import random
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from agent_blocks import hodges_lehmann
+
+    assert hodges_lehmann([1.0, 2.0, 3.0]) == (2.0, 1.0, 3.0)
+    assert hodges_lehmann([0.0, 0.0, 0.0, 10.0])[0] == 0.0  # one wild block does not move it
+    rng = random.Random(7)
+    shift, covered, trials = 0.01, 0, 300
+    for _ in range(trials):
+        values = [shift + (rng.gauss(0, 0.4) if rng.random() < 0.1 else rng.gauss(0, 0.1)) for _ in range(60)]
+        _, lo, hi = hodges_lehmann(values)
+        covered += lo <= shift <= hi
+    assert 0.92 <= covered / trials <= 0.99, covered
