@@ -580,3 +580,45 @@ def test_torch_threads_are_read_on_the_training_thread_at_a_step_end(accelerated
         other.join()
         inst.uninstall()
         torch.set_num_threads(before)
+
+
+@needs_hot
+def test_steady_steps_made_in_c_read_and_compare_as_step_records(monkeypatch):
+    """The tracker's fast path makes the steps of a steady loop in C (``_hot.SteadyStep``): each equals the
+    StepRecord the Python path makes of the same events, and reads like one (phases, samples, duration, other,
+    marks, closures)."""
+    from perfmon.agent import steps as steps_mod
+    from perfmon.agent.steps import NO_MARKS, OPTIMIZER_CREATED, STEADY, StepRecord, StepTracker
+
+    t = 100.0
+    events = [(OPTIMIZER_CREATED, t, None, None)]
+    for k in range(6):  # with and without a DataLoader fetch, samples 64 or none
+        fetch = k % 2 == 0
+        a = (t + 0.001 if fetch else None, t + 0.0015 if fetch else None, 64 if k % 3 == 0 else (0 if fetch else None),
+             t + 0.002, "model", t + 0.004, t + 0.0045, t + 0.007, t + 0.0071, "opt")
+        t += 0.008
+        events.append((STEADY, t, a, None))
+
+    def run() -> tuple[list, StepTracker]:
+        tracker = StepTracker()
+        out = tracker.feed_many(list(events))
+        last = tracker.finish()
+        return out + ([last] if last is not None else []), tracker
+
+    fast, tracker = run()
+    monkeypatch.setattr(steps_mod, "_steady_steps", None)
+    slow, slow_tracker = run()
+    assert len(fast) == len(slow) == 6
+    assert {type(r).__name__ for r in fast[1:]} == {"SteadyStep"}  # the first step teaches the loop
+    assert all(type(r) is StepRecord for r in slow)
+    assert fast == slow and slow == fast and not (fast[2] != slow[2])
+    assert fast[2] != slow[3] and fast[2] != "a step"
+    assert tracker.count == slow_tracker.count == 6 and tracker._trained == slow_tracker._trained == {"model"}
+    for c, py in zip(fast[1:], slow[1:], strict=True):
+        assert (c.index, c.start, c.end, c.samples, c.closures) == (py.index, py.start, py.end, py.samples, py.closures)
+        assert c.phases == py.phases and list(c.phases) == list(py.phases)
+        assert c.duration == py.duration and c.other == py.other
+        assert c.marks is NO_MARKS and not c.marks
+    assert fast[1].samples is None and fast[3].samples == 64  # 0 samples reads None, as the Python path says
+    with pytest.raises(TypeError):
+        hash(fast[1])  # unhashable, like the dataclass

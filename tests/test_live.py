@@ -447,6 +447,21 @@ def test_step_rows_in_c_are_the_python_rows(tmp_path, live_from):
         records.append((StepRecord(i + 10**9 * (i % 3 == 0), t, t + dur, phases, rng.choice([None, 0, 64, 2**40]),
                                    NO_MARKS, 0), None))
         t += dur
+    # and steps the tracker's fast path made in C (SteadySteps: step_rows reads their fields, not attributes)
+    from perfmon.agent.steps import STEADY
+
+    events = []
+    for _ in range(60):
+        ts = sorted(t + rng.random() * 3e-3 for _ in range(9))
+        fetch = rng.random() < 0.5
+        events.append((STEADY, ts[8], (ts[0] if fetch else None, ts[1] if fetch else None,
+                                       rng.choice([None, 0, 64]) if fetch else None, ts[2], "m", *ts[3:7], "o"),
+                       None))
+        t = ts[8]
+    steady: list = []
+    HOT.steady_steps(events, 0, 7000, records[-1][0].end, set(), steady, NO_MARKS)
+    assert len(steady) == 60 and type(steady[0]).__name__ == "SteadyStep"
+    records[40:40] = [(rec, None) for rec in steady]
     out = {}
     for c_rows in (True, False):
         agent = Agent(tmp_path / f"run-{c_rows}", {"script": "x"}, sample_interval=None)
@@ -461,6 +476,6 @@ def test_step_rows_in_c_are_the_python_rows(tmp_path, live_from):
     assert (c_live is None) == (py_live is None) == (live_from == 0)
     if c_live is not None:
         c, py = json.loads(c_live), json.loads(py_live)
-        assert c["rows"] == py["rows"] and len(c["rows"]) == 180 - min(live_from, 180)
+        assert c["rows"] == py["rows"] and len(c["rows"]) == 240 - min(live_from, 240)
         for key, value in py["bulk"].items():
             assert c["bulk"][key] == (pytest.approx(value) if key == "sum_ms" else value), key

@@ -1103,6 +1103,189 @@ static int item_double(PyObject *dict, PyObject *key, double *out) {
     return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
 }
 
+/* -- SteadyStep: a step the tracker's fast path made of a STEADY event ---------------------------------------- */
+
+/* What steps.StepRecord says of a step, for the steps of a steady loop: the times as doubles, made without a
+ * Python frame, a dict or nine float objects a step (the publisher makes one per step at any step rate). Reads as a
+ * StepRecord: index, start, end, phases (a new dict), samples (None for none), marks (empty), closures (0), duration,
+ * other; step_rows reads its fields directly. */
+typedef struct {
+    PyObject_HEAD
+    long long index, samples;
+    double start, end, data, forward, backward, optimizer;
+} SteadyStep;
+
+static PyTypeObject SteadyStepType;
+static PyObject *no_marks;  /* steps.NO_MARKS: set by steady_steps' caller */
+
+static PyObject *SteadyStep_phases(SteadyStep *self, void *c) {
+    (void)c;
+    PyObject *d = PyDict_New();
+    double v[4] = {self->data, self->forward, self->backward, self->optimizer};
+    for (int q = 0; d != NULL && q < 4; q++) {
+        PyObject *f = PyFloat_FromDouble(v[q]);
+        if (f == NULL || PyDict_SetItem(d, phase_names[q], f) < 0) Py_CLEAR(d);
+        Py_XDECREF(f);
+    }
+    return d;
+}
+
+static PyObject *SteadyStep_samples(SteadyStep *self, void *c) {
+    (void)c;
+    return self->samples ? PyLong_FromLongLong(self->samples) : Py_NewRef(Py_None);
+}
+
+static PyObject *SteadyStep_marks(SteadyStep *self, void *c) {
+    (void)self; (void)c;
+    return no_marks != NULL ? Py_NewRef(no_marks) : PyDict_New();
+}
+
+static PyObject *SteadyStep_closures(SteadyStep *self, void *c) { (void)self; (void)c; return Py_NewRef(zero); }
+
+static PyObject *SteadyStep_duration(SteadyStep *self, void *c) {
+    (void)c;
+    return PyFloat_FromDouble(self->end - self->start);
+}
+
+static PyObject *SteadyStep_other(SteadyStep *self, void *c) {
+    (void)c;
+    /* StepRecord.other: max(0.0, duration - sum(phases.values())), summed in the dict's order */
+    double other = (self->end - self->start) - (((0.0 + self->data) + self->forward + self->backward) + self->optimizer);
+    return PyFloat_FromDouble(other > 0.0 ? other : 0.0);
+}
+
+static PyObject *SteadyStep_repr(SteadyStep *self) {
+    char text[256];
+    snprintf(text, sizeof text, "SteadyStep(index=%lld, start=%.17g, end=%.17g, data=%.17g, forward=%.17g, "
+             "backward=%.17g, optimizer=%.17g, samples=%lld)", self->index, self->start, self->end, self->data, self->forward,
+             self->backward, self->optimizer, self->samples);
+    return PyUnicode_FromString(text);
+}
+
+static const char *const record_fields[] = {"index", "start", "end", "phases", "samples", "marks", "closures"};
+
+/* (index, start, end, phases, samples, marks, closures) of a step, read as attributes; NULL with AttributeError
+ * cleared (and NotImplemented the answer) where `obj` is not a step */
+static PyObject *record_tuple(PyObject *obj) {
+    PyObject *t = PyTuple_New(7);
+    for (int q = 0; t != NULL && q < 7; q++) {
+        PyObject *v = PyObject_GetAttrString(obj, record_fields[q]);
+        if (v == NULL) Py_CLEAR(t);
+        else PyTuple_SET_ITEM(t, q, v);
+    }
+    return t;
+}
+
+/* Equal to a StepRecord (or a SteadyStep) of the same fields: what feeding the events one by one makes. */
+static PyObject *SteadyStep_richcompare(PyObject *self, PyObject *other, int op) {
+    if (op != Py_EQ && op != Py_NE) Py_RETURN_NOTIMPLEMENTED;
+    PyObject *mine = record_tuple(self), *theirs = mine == NULL ? NULL : record_tuple(other);
+    PyObject *result = NULL;
+    if (theirs != NULL) {
+        result = PyObject_RichCompare(mine, theirs, op);
+    } else if (mine != NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        result = Py_NewRef(Py_NotImplemented);
+    }
+    Py_XDECREF(mine);
+    Py_XDECREF(theirs);
+    return result;
+}
+
+static PyMemberDef SteadyStep_members[] = {
+    {"index", T_LONGLONG, offsetof(SteadyStep, index), READONLY, NULL},
+    {"start", T_DOUBLE, offsetof(SteadyStep, start), READONLY, NULL},
+    {"end", T_DOUBLE, offsetof(SteadyStep, end), READONLY, NULL},
+    {NULL},
+};
+
+static PyGetSetDef SteadyStep_getset[] = {
+    {"phases", (getter)SteadyStep_phases, NULL, NULL, NULL},
+    {"samples", (getter)SteadyStep_samples, NULL, NULL, NULL},
+    {"marks", (getter)SteadyStep_marks, NULL, NULL, NULL},
+    {"closures", (getter)SteadyStep_closures, NULL, NULL, NULL},
+    {"duration", (getter)SteadyStep_duration, NULL, NULL, NULL},
+    {"other", (getter)SteadyStep_other, NULL, NULL, NULL},
+    {NULL},
+};
+
+static PyTypeObject SteadyStepType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "perfmon.agent._hot.SteadyStep",
+    .tp_basicsize = sizeof(SteadyStep),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A step of a steady loop, as the tracker's fast path makes it in C (reads as a steps.StepRecord).",
+    .tp_repr = (reprfunc)SteadyStep_repr,
+    .tp_richcompare = SteadyStep_richcompare,
+    .tp_hash = PyObject_HashNotImplemented,  /* like StepRecord (a dataclass with eq) */
+    .tp_members = SteadyStep_members,
+    .tp_getset = SteadyStep_getset,
+};
+
+static inline int exact_float(PyObject *o, double *out) {
+    if (!PyFloat_CheckExact(o)) return 0;
+    *out = PyFloat_AS_DOUBLE(o);
+    return 1;
+}
+
+/* steady_steps(events, i, count, start, trained, out, no_marks) -> (i, count, start): StepTracker._steady's STEADY
+ * case in C. From events[i] on, each STEADY event (a steady iteration the ring folded) becomes a SteadyStep
+ * appended to `out` (its model key added to the set `trained`), numbered from count + 1, the first starting at
+ * `start`, each next one where the last ended. Stops at the first other event (or one it cannot read: the
+ * Python path takes it); returns where it stopped, the last index and the last end. */
+static PyObject *steady_steps(PyObject *m, PyObject *args) {
+    PyObject *events, *trained, *out, *marks;
+    Py_ssize_t i;
+    long long count;
+    double start;
+    (void)m;
+    if (!PyArg_ParseTuple(args, "O!nLdO!O!O", &PyList_Type, &events, &i, &count, &start, &PySet_Type, &trained,
+                          &PyList_Type, &out, &marks))
+        return NULL;
+    if (no_marks == NULL) no_marks = Py_NewRef(marks);
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    PyObject *last_key = NULL;
+    for (; i < n; i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        if (!PyTuple_CheckExact(ev) || PyTuple_GET_SIZE(ev) != 4 || PyTuple_GET_ITEM(ev, 0) != codes[STEADY]
+            || PyTuple_GET_ITEM(ev, 3) != Py_None)
+            break;
+        PyObject *a = PyTuple_GET_ITEM(ev, 2);
+        double t_end, t_fetch = 0.0, t_fetched = 0.0, t2, t3, t4, t5, t6;
+        if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != 10 || !exact_float(PyTuple_GET_ITEM(ev, 1), &t_end))
+            break;
+        PyObject *fetch = PyTuple_GET_ITEM(a, 0), *fetched = PyTuple_GET_ITEM(a, 1), *nsamples = PyTuple_GET_ITEM(a, 2);
+        int fetches = fetch != Py_None;
+        if ((fetches && !(exact_float(fetch, &t_fetch) && exact_float(fetched, &t_fetched)))
+            || !exact_float(PyTuple_GET_ITEM(a, 3), &t2) || !exact_float(PyTuple_GET_ITEM(a, 5), &t3)
+            || !exact_float(PyTuple_GET_ITEM(a, 6), &t4) || !exact_float(PyTuple_GET_ITEM(a, 7), &t5)
+            || !exact_float(PyTuple_GET_ITEM(a, 8), &t6) || (nsamples != Py_None && !PyLong_CheckExact(nsamples)))
+            break;
+        long long samples = nsamples == Py_None ? 0 : PyLong_AsLongLong(nsamples);
+        if (samples == -1 && PyErr_Occurred()) return NULL;
+        PyObject *key = PyTuple_GET_ITEM(a, 4);
+        if (key != last_key) {
+            if (PySet_Add(trained, key) < 0) return NULL;
+            last_key = key;
+        }
+        SteadyStep *rec = PyObject_New(SteadyStep, &SteadyStepType);
+        if (rec == NULL) return NULL;
+        rec->index = ++count;
+        rec->start = start;
+        rec->end = t_end;
+        rec->data = fetches ? t_fetched - t_fetch : 0.0;
+        rec->forward = t3 - t2;
+        rec->backward = t5 - t4;
+        rec->optimizer = t_end - t6;
+        rec->samples = samples;
+        int failed = PyList_Append(out, (PyObject *)rec);
+        Py_DECREF(rec);
+        if (failed < 0) return NULL;
+        start = t_end;
+    }
+    return Py_BuildValue("(nLd)", i, count, start);
+}
+
 /* -- numbers as text ------------------------------------------------------------------------------- */
 
 /* The digits of n, most significant first, at p; at least `width` of them (zero-padded). Returns the count. */
@@ -1196,29 +1379,37 @@ static PyObject *step_rows(PyObject *m, PyObject *args) {
         }
         PyObject *rec = PyTuple_GET_ITEM(pair, 0);
         double start, end, d, f, b, o;
-        PyObject *phases = PyObject_GetAttr(rec, s_phases);
-        if (phases == NULL) goto fail;
-        int bad = !PyDict_Check(phases) || attr_double(rec, s_start, &start) < 0 || attr_double(rec, s_end, &end) < 0
-                  || item_double(phases, k_data, &d) < 0 || item_double(phases, k_forward, &f) < 0
-                  || item_double(phases, k_backward, &b) < 0 || item_double(phases, k_optimizer, &o) < 0;
-        Py_DECREF(phases);
-        if (bad) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a step's phases must be a dict");
-            goto fail;
+        long long index, samples = 0;
+        if (Py_IS_TYPE(rec, &SteadyStepType)) {  /* the fast path's steps: no attribute lookups */
+            SteadyStep *st = (SteadyStep *)rec;
+            start = st->start; end = st->end; d = st->data; f = st->forward; b = st->backward; o = st->optimizer;
+            index = st->index;
+            samples = st->samples;
+        } else {
+            PyObject *phases = PyObject_GetAttr(rec, s_phases);
+            if (phases == NULL) goto fail;
+            int bad = !PyDict_Check(phases) || attr_double(rec, s_start, &start) < 0
+                      || attr_double(rec, s_end, &end) < 0 || item_double(phases, k_data, &d) < 0
+                      || item_double(phases, k_forward, &f) < 0 || item_double(phases, k_backward, &b) < 0
+                      || item_double(phases, k_optimizer, &o) < 0;
+            Py_DECREF(phases);
+            if (bad) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "a step's phases must be a dict");
+                goto fail;
+            }
+            PyObject *v = PyObject_GetAttr(rec, s_index);
+            index = v == NULL ? -1 : PyLong_AsLongLong(v);
+            Py_XDECREF(v);
+            if (index == -1 && PyErr_Occurred()) goto fail;
+            v = PyObject_GetAttr(rec, s_samples);
+            if (v == NULL) goto fail;
+            if (v != Py_None) {
+                int truth = PyObject_IsTrue(v);
+                samples = truth > 0 ? PyLong_AsLongLong(v) : 0;
+                if (truth < 0 || (samples == -1 && PyErr_Occurred())) { Py_DECREF(v); goto fail; }
+            }
+            Py_DECREF(v);
         }
-        PyObject *v = PyObject_GetAttr(rec, s_index);
-        long long index = v == NULL ? -1 : PyLong_AsLongLong(v);
-        Py_XDECREF(v);
-        if (index == -1 && PyErr_Occurred()) goto fail;
-        v = PyObject_GetAttr(rec, s_samples);
-        if (v == NULL) goto fail;
-        long long samples = 0;
-        if (v != Py_None) {
-            int truth = PyObject_IsTrue(v);
-            samples = truth > 0 ? PyLong_AsLongLong(v) : 0;
-            if (truth < 0 || (samples == -1 && PyErr_Occurred())) { Py_DECREF(v); goto fail; }
-        }
-        Py_DECREF(v);
         double dur = end - start;
         double other = dur - d - f - b - o;
         double t = end + off, dur_ms = dur * 1e3;
@@ -1267,6 +1458,8 @@ static PyMethodDef hot_methods[] = {
     {"clock", hot_clock, METH_NOARGS, "The hooks' clock: time.perf_counter()'s, read as the C hooks read it."},
     {"step_rows", step_rows, METH_VARARGS, "step_rows(records, off, cut) -> (rows, bulk sums or None)."},
     {"format_fixed", format_fixed, METH_VARARGS, "format_fixed(x, prec) -> '%.<prec>f' % x, as step_rows writes it."},
+    {"steady_steps", steady_steps, METH_VARARGS,
+     "steady_steps(events, i, count, start, trained, out, no_marks) -> (i, count, start): the fast path's STEADY steps."},
     {NULL},
 };
 
@@ -1292,7 +1485,8 @@ PyMODINIT_FUNC PyInit__hot(void) {
     for (int i = 0; i < 8; i++)
         if ((codes[i] = PyLong_FromLong(i)) == NULL) return NULL;
     if (PyType_Ready(&RingType) < 0 || PyType_Ready(&StateType) < 0 || PyType_Ready(&CommandStateType) < 0
-        || PyType_Ready(&TimedType) < 0 || PyType_Ready(&OptimizerHookType) < 0 || PyType_Ready(&ForwardType) < 0)
+        || PyType_Ready(&TimedType) < 0 || PyType_Ready(&OptimizerHookType) < 0 || PyType_Ready(&ForwardType) < 0
+        || PyType_Ready(&SteadyStepType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&hot_module);
     if (m == NULL) return NULL;
@@ -1302,6 +1496,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
         || PyModule_AddObjectRef(m, "Timed", (PyObject *)&TimedType) < 0
         || PyModule_AddObjectRef(m, "OptimizerHook", (PyObject *)&OptimizerHookType) < 0
         || PyModule_AddObjectRef(m, "Forward", (PyObject *)&ForwardType) < 0
+        || PyModule_AddObjectRef(m, "SteadyStep", (PyObject *)&SteadyStepType) < 0
         || PyModule_AddIntConstant(m, "DATA", KIND_DATA) < 0
         || PyModule_AddIntConstant(m, "BACKWARD", KIND_BACKWARD) < 0) {
         Py_DECREF(m);

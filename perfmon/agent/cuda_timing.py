@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
+from itertools import repeat
 from operator import attrgetter
 from typing import Any
 
@@ -33,8 +34,8 @@ class CudaResolver:
 
     def resolve(self, records: list[StepRecord], final: bool = False) -> list[tuple[StepRecord, dict[str, float] | None]]:
         """Steps ready to publish, in order, each with device ms per phase (or None)."""
-        if not self._pending and not any(map(_marks, records)):  # host timing only: a C-level pass
-            return [(r, None) for r in records]
+        if not self._pending and not any(map(_marks, records)):  # host timing only: C-level passes
+            return list(zip(records, repeat(None)))
         self._pending.extend(records)
         out: list[tuple[StepRecord, dict[str, float] | None]] = []
         while self._pending:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from perfmon.agent.native import HotState
+from perfmon.agent.native import HOT, HotState
 from perfmon.protocol import OUTSIDE_KINDS, PHASES
 
 # Event codes (small ints keep the hot path cheap).
@@ -51,6 +51,9 @@ STEADY = 7
 
 #: The marks of a part or step without CUDA events (read-only, shared: no allocation per step).
 NO_MARKS: Mapping[str, list[tuple[Any, Any]]] = MappingProxyType({})
+
+#: The fast path's STEADY steps in C (``_hot.SteadyStep``s, which read as StepRecords), where built.
+_steady_steps = HOT.steady_steps if HOT is not None else None
 
 #: Forward kinds in a ("forward", key, kind) BEGIN arg.
 GRAD, NOGRAD, COPY = 0, 1, 2
@@ -291,6 +294,13 @@ class StepTracker:
         trained = self._trained
         while i < n:
             c0, t0, a0, m0 = events[i]
+            if c0 == STEADY and _steady_steps is not None:  # a run of them, in C: the same steps, as SteadyStep
+                i, count, start = _steady_steps(events, i, count, start, trained, out, NO_MARKS)
+                if i < n and events[i][0] != STEADY:
+                    continue
+                if i == n:
+                    break
+                c0, t0, a0, m0 = events[i]  # one C could not read: the Python below takes it
             if c0 == STEADY:  # folded by the C ring: the same step from one tuple (t0: the optimizer's end)
                 t_fetch, t_fetched, samples, t2, key, t3, t4, t5, t6, _ = a0
                 trained.add(key)
