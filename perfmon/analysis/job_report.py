@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from perfmon.analysis.job import JobState, RankRow, load_job, rank_rows, slowest
-from perfmon.analysis.report import _fmt_ms, build_summary, format_duration, format_finding, write_summary
+from perfmon.analysis.report import (
+    _fmt_ms,
+    build_summary,
+    format_duration,
+    format_saved_finding,
+    write_summary,
+)
 from perfmon.analysis.rules import Config, evaluate_job, evaluate_once
 from perfmon.protocol import ALL_PHASES
 
@@ -134,7 +140,7 @@ def format_job_summary(job: JobState, summary: dict[str, Any]) -> str:
         for f in s["findings"]:
             ranks = f.get("ranks")
             where = f" (ranks {', '.join(map(str, ranks))})" if ranks else ""
-            lines.append(format_finding({**f, "title": f["title"] + where}))
+            lines.append(format_saved_finding({**f, "title": f["title"] + where}))
     return "\n".join(lines)
 
 

@@ -245,7 +245,7 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
     if s["findings"]:
         lines += ["", "  findings"]
         for f in s["findings"]:
-            lines.append(format_finding(f))
+            lines.append(format_saved_finding(f))
     if s["skipped_lines"]:
         lines.append(f"  note: {s['skipped_lines']} malformed recording lines were skipped")
     if s["agent_errors"]:
@@ -253,9 +253,14 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
     return "\n".join(lines)
 
 
-def format_finding(f: dict[str, Any]) -> str:
+def format_finding(severity: str, rule_id: str, title: str, fix: str) -> str:
     """A finding in two indented lines: severity and title, then the fix."""
-    return f"  [{f['severity']}] {f['id']}: {f['title']}\n      fix: {f['fix']}"
+    return f"  [{severity}] {rule_id}: {title}\n      fix: {fix}"
+
+
+def format_saved_finding(f: dict[str, Any]) -> str:
+    """:func:`format_finding` of a finding as the report JSON (summary.json) holds it."""
+    return format_finding(f["severity"], f["id"], f["title"], f["fix"])
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

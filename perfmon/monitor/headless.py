@@ -96,8 +96,9 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
                     warnings = [*warnings, failed[0]]
                 for text in warnings:
                     print(f"[perfmon] warning: {text}", file=err, flush=True)
-                for finding in new:
-                    print(f"[perfmon] finding{format_finding(finding.to_json())[1:]}", file=err, flush=True)
+                for f in new:
+                    print(f"[perfmon] finding{format_finding(f.severity, f.id, f.title, f.fix)[1:]}", file=err,
+                          flush=True)
                 next_rules += 1.0
             if time.monotonic() >= next_status:
                 with lock:
