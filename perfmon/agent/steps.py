@@ -296,10 +296,8 @@ class StepTracker:
             c0, t0, a0, m0 = events[i]
             if c0 == STEADY and _steady_steps is not None:  # a run of them, in C: the same steps, as SteadyStep
                 i, count, start = _steady_steps(events, i, count, start, trained, out, NO_MARKS)
-                if i < n and events[i][0] != STEADY:
+                if i == n or events[i][0] != STEADY:
                     continue
-                if i == n:
-                    break
                 c0, t0, a0, m0 = events[i]  # one C could not read: the Python below takes it
             if c0 == STEADY:  # folded by the C ring: the same step from one tuple (t0: the optimizer's end)
                 t_fetch, t_fetched, samples, t2, key, t3, t4, t5, t6, _ = a0
