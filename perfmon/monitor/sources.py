@@ -140,8 +140,11 @@ class PacedReplaySource(ReplaySource):
                         self._cond.wait(0.25)
             for msg in batch:
                 t = message_time(msg)
-                if t is not None and not self._jump and not self._wait_until(t):
-                    break
+                if t is not None:
+                    if self._jump:
+                        self.position = t  # the clock follows a jump, so "ago" reads from the recording's end
+                    elif not self._wait_until(t):
+                        break
                 if self._restart:
                     break
                 yield msg
