@@ -112,13 +112,13 @@ async def test_replay_keys_in_the_dashboard(tmp_path):
         await pilot.press("minus")
         assert src.speed == 2
         await pilot.press("right_square_bracket")
-        for _ in range(200):
+        for _ in range(600):
             if app.state.exit is not None and src.at_end:
                 break
             await pilot.pause(0.05)
         assert app.state.steps == 6000 and src.at_end
         await pilot.press("left_square_bracket")
-        for _ in range(200):
+        for _ in range(600):
             if app.state.steps < 6000:
                 break
             await pilot.pause(0.05)
