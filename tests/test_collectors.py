@@ -382,6 +382,27 @@ def test_the_model_is_recounted_only_when_it_changes(monkeypatch):
     assert len(counts) == 4 and len(published) == 3  # same facts: not re-sent
 
 
+def test_a_job_shorter_than_a_sample_interval_still_records_its_model():
+    """The sampler counts the model once more when it stops: a short job, or one whose sampler a loaded host
+    kept waiting, ends with its model facts in the recording."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch import nn
+
+    from perfmon.agent import sampler as sampler_mod
+
+    model = nn.Linear(4, 2)
+    inst = SimpleNamespace(roots=[model], optimizers=[torch.optim.SGD(model.parameters(), lr=0.1)], loaders={})
+    published: list[dict] = []
+    agent = SimpleNamespace(pid=os.getpid(), meta={}, instrumentation=inst, publish=published.append,
+                            record_error=lambda where, exc: published.append({"error": where}))
+    s = sampler_mod.Sampler(agent, interval=3600.0)
+    s.start()  # its first sample would come in an hour
+    s.stop()
+    assert [m["type"] for m in published] == ["model"] and published[0]["params"] == 4 * 2 + 2
+
+
 MEMINFO = b"""MemTotal:       16000000 kB
 MemFree:         2000000 kB
 MemAvailable:    9000000 kB

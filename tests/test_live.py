@@ -7,6 +7,7 @@ import os
 import socket
 import stat
 import threading
+import time
 
 import pytest
 
@@ -379,6 +380,66 @@ def test_the_publisher_ticks_sooner_when_events_pile_up(events, seconds, expecte
 
     assert (FLUSH_EVENTS, MIN_TICK) == (20_000, 0.02)
     assert next_wait(events, seconds, 0.5) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("waited", "expected"), [
+    (0.5, 1.0),  # the first tick that found nothing: twice as long
+    (1.0, 2.0),
+    (2.0, 2.0),  # never over IDLE_TICK
+    (0.02, 0.5),  # idle after a burst of short ticks: back to the plain tick first
+])
+def test_the_publisher_sleeps_longer_while_nothing_comes(waited, expected):
+    from perfmon.agent.runtime import IDLE_TICK, next_wait
+
+    assert IDLE_TICK == 2.0
+    assert next_wait(0, waited, 0.5, waited) == pytest.approx(expected)
+    assert next_wait(8, 2.0, 0.5, 2.0) == 0.5  # a step came: the plain tick again
+
+
+def test_an_idle_publisher_does_not_flush_until_an_event_comes(tmp_path):
+    from perfmon.agent.steps import BEGIN
+
+    a = Agent(tmp_path / "run", {"script": "x"}, tick=0.01, sample_interval=None)
+    ticks, flushes, flushed, six = [], [], threading.Event(), threading.Event()
+    refresh, flush = a._refresh_discovery, a._flush
+
+    def counted_refresh():
+        ticks.append(time.monotonic())
+        if len(ticks) >= 6:
+            six.set()
+        refresh()
+
+    def counted_flush(final=False):
+        flushes.append(final)
+        flushed.set()
+        return flush(final)
+
+    a._refresh_discovery, a._flush = counted_refresh, counted_flush
+    a.start()
+    try:
+        assert six.wait(60)
+        assert flushes == []  # nothing was buffered: no flush
+        assert ticks[5] - ticks[0] >= 0.6  # it wakes less and less often: 0.02 + 0.04 + ... + 0.32 s, not 5 x 0.01
+        a.events.append((BEGIN, time.perf_counter(), "forward", None))
+        assert flushed.wait(30)
+    finally:
+        a.finish({"code": 0, "signal": None, "traceback": None, "exception": None})
+
+
+def test_a_job_without_cuda_stops_asking_torch_about_it(tmp_path, monkeypatch):
+    import types
+
+    import torch
+
+    a = Agent(tmp_path / "run", {"script": "x"}, sample_interval=None)
+    a._instrumentation = types.SimpleNamespace()
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: asked.append(1) or False)
+    a._poll_cuda()
+    a._poll_cuda()
+    assert a.meta["cuda"] is False and asked == [] and not a.cuda_marks
+    a.recorder.close()
 
 
 @pytest.mark.parametrize("buffer", ["python", "c"])

@@ -23,6 +23,11 @@ class CudaResolver:
     def __init__(self) -> None:
         self._pending: deque[StepRecord] = deque()
 
+    @property
+    def pending(self) -> int:
+        """Steps held waiting for the GPU."""
+        return len(self._pending)
+
     @staticmethod
     def make_event() -> Any:
         torch = sys.modules["torch"]

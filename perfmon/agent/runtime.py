@@ -43,6 +43,8 @@ STALL_S = 20.0
 #: in cache, and a buffer far from EVENT_BUFFER (a 0.5 s tick at 1M events/s would drop events under load).
 FLUSH_EVENTS = 20_000
 MIN_TICK = 0.02
+#: The longest the publisher sleeps in a job that stopped stepping: how late the first step after it shows.
+IDLE_TICK = 2.0
 #: How often the discovery file is rewritten for a new step count alone (``perfmon ls``'s STEPS column).
 DISCOVERY_STEPS_S = 5.0
 
@@ -361,8 +363,9 @@ class Agent:
             n = 0
             try:
                 self._poll_cuda()
-                with self._flush_lock:
-                    n = self._flush()
+                if len(self.events) or self.cuda.pending:  # else a flush has nothing to do (~50 us cold)
+                    with self._flush_lock:
+                        n = self._flush()
                 self._refresh_discovery()
             except Exception as exc:  # noqa: BLE001 - the publisher must survive anything
                 self.record_error("publisher", exc)
@@ -371,7 +374,7 @@ class Agent:
             except Exception:  # noqa: BLE001
                 pass
             now = time.monotonic()
-            wait, last = next_wait(n, now - last, self.tick), now
+            wait, last = next_wait(n, now - last, self.tick, wait), now
             self._live_rows = max(1, round(LIVE_ROWS * wait / self.tick))
 
     def _poll_cuda(self) -> None:
@@ -382,13 +385,16 @@ class Agent:
             if self.meta.get("cuda") is None:
                 self.meta["cuda"] = bool(torch.cuda.is_available())
                 self.publish(protocol.message("hello", **self.meta))
+            if not self.meta["cuda"]:  # torch's answer is final: stop asking at every tick
+                self._cuda_event = _no_event
+                return
             if torch.cuda.is_initialized():
                 self._cuda_event = self.cuda.make_event
                 self.cuda_marks = True
                 self._sync_fast_path()
         except Exception as exc:  # noqa: BLE001
             self.record_error("cuda", exc)
-            self._cuda_event = lambda: None
+            self._cuda_event = _no_event
 
     def _flush(self, final: bool = False) -> int:
         """Turn the buffered events into steps, record and publish them; returns how many events it took."""
@@ -506,9 +512,18 @@ class Agent:
         os.replace(tmp, path)
 
 
-def next_wait(events: int, seconds: float, tick: float) -> float:
+def _no_event() -> None:
+    """No CUDA events: torch has no CUDA here, or making one failed."""
+    return None
+
+
+def next_wait(events: int, seconds: float, tick: float, waited: float | None = None) -> float:
     """How long the publisher sleeps after a flush of ``events`` events that came in ``seconds``: ``tick``, or
-    sooner at a rate that would bring more than FLUSH_EVENTS in a tick (never under MIN_TICK)."""
+    sooner at a rate that would bring more than FLUSH_EVENTS in a tick (never under MIN_TICK). A tick that found
+    nothing (it ``waited`` that long) doubles the sleep, up to IDLE_TICK: a job that stopped stepping (evaluation,
+    a checkpoint, a long data stall) pays for fewer wake-ups, each ~0.1 ms of CPU in its cold caches."""
+    if events == 0 and waited is not None:
+        return max(tick, min(IDLE_TICK, waited * 2))
     rate = events / max(seconds, 1e-3)
     if rate * tick <= FLUSH_EVENTS:
         return tick

@@ -96,9 +96,16 @@ class Sampler:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop sampling, and count the model once more: a job shorter than a sample interval (or one whose
+        sampler a loaded host kept waiting) still records what it trained."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+        if self._thread is None or not self._thread.is_alive():  # never beside a sample still running
+            try:
+                self._maybe_model()
+            except Exception as exc:  # noqa: BLE001
+                self.agent.record_error("sampler", exc)
         self.nvml.close()
 
     def _run(self) -> None:
