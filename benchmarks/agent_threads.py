@@ -1,6 +1,6 @@
 """Each of perfmon's threads in a training process: its CPU per second and per step, and how often it runs.
 
-    python benchmarks/agent_threads.py [--job mlp|tiny] [--seconds 20] [--no-monitor]
+    python benchmarks/agent_threads.py [--job mlp|tiny] [--seconds 20] [--no-monitor] [--rates 10,100,1000]
 
 One process runs ``agent_cpu.py``'s job under a whole agent, started as ``perfmon``'s bootstrap starts it (the
 publisher, the socket server, the 1 Hz sampler, the recording, the hooks), with a monitor process reading all the
@@ -8,6 +8,11 @@ socket sends unless ``--no-monitor``. After a warm-up it reads Linux's schedstat
 (CPU time and the number of times it ran) over ``--seconds`` of training, and prints, per thread: ms of CPU per
 second, us per step, and runs per second. ``agent_blocks.py`` gives the total with and without perfmon; this says
 which thread it goes to.
+
+``--rates`` paces the job instead (a step, then a sleep to the next slot) at each of the given step rates in turn,
+a window of ``--seconds`` each, and adds the total of perfmon's threads per step at each rate: a fixed cost a second
+(the 1 Hz sampler, the publisher's tick) shows as a per-step cost that grows as the rate falls. A rate of 0 is a
+job that stopped stepping.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ def main() -> None:
     p.add_argument("--job", choices=("mlp", "tiny"), default="mlp")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--no-monitor", action="store_true")
+    p.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",")], default=None,
+                   help="comma-separated step rates to pace the job at, a window each (0: not stepping)")
     args = p.parse_args()
     os.environ["PERFMON_LAUNCHER_PID"] = str(os.getppid())  # summary.json is left to a launcher
     os.environ.setdefault("PERFMON_RUNTIME_DIR", tempfile.mkdtemp(prefix="perfmon-rt-"))
@@ -73,28 +80,61 @@ def main() -> None:
         end = time.perf_counter() + 3.0  # past the agent's start: the first model count, the hello
         while time.perf_counter() < end:
             step()
-        before, steps0, t0 = schedstats(), agent.tracker.count, time.perf_counter()
-        end = t0 + args.seconds
-        n = 0
-        while time.perf_counter() < end:
-            for _ in range(50):
-                step()
-            n += 50
-        after, wall = schedstats(), time.perf_counter() - t0
+        windows = []
+        steps0, ran = agent.tracker.count, 0
+        for rate in args.rates or [None]:
+            if rate is not None:
+                ran += paced(step, rate, 3.0)  # the publisher's tick and the idle backoff settle at this rate
+            before, t0 = schedstats(), time.perf_counter()
+            n = paced(step, rate, args.seconds)
+            after, wall = schedstats(), time.perf_counter() - t0
+            windows.append((rate, n, wall, before, after))
+            ran += n
         agent.instrumentation.uninstall()
         agent.finish({"code": 0, "signal": None, "traceback": None, "exception": None})
         _api.set_agent(None)
         if reader is not None:
             reader.wait(timeout=60)
-    if agent.tracker.count - steps0 < n:
-        raise SystemExit(f"the agent counted {agent.tracker.count - steps0} of {n} steps")
-    print(f"job {args.job}: {n} steps in {wall:.1f} s ({n / wall:.0f} steps/s), monitor "
-          f"{'off' if args.no_monitor else 'connected'}")
-    for name, (cpu, runs) in sorted(after.items()):
-        if name in before:
-            d_cpu, d_runs = cpu - before[name][0], runs - before[name][1]
-            print(f"  {name:<18} {d_cpu / 1e6 / wall:8.2f} ms/s {d_cpu / 1e3 / n:9.2f} us/step "
-                  f"{d_runs / wall:7.1f} runs/s")
+    if agent.tracker.count - steps0 < ran:
+        raise SystemExit(f"the agent counted {agent.tracker.count - steps0} of {ran} steps")
+    for rate, n, wall, before, after in windows:
+        pace = "as fast as it goes" if rate is None else f"paced at {rate:g} steps/s"
+        print(f"job {args.job} {pace}: {n} steps in {wall:.1f} s ({n / wall:.0f} steps/s), monitor "
+              f"{'off' if args.no_monitor else 'connected'}")
+        total = 0
+        for name, (cpu, runs) in sorted(after.items()):
+            if name in before:
+                d_cpu, d_runs = cpu - before[name][0], runs - before[name][1]
+                total += d_cpu if name.startswith("perfmon") else 0
+                per_step = f"{d_cpu / 1e3 / n:9.2f} us/step" if n else " " * 17
+                print(f"  {name:<18} {d_cpu / 1e6 / wall:8.2f} ms/s {per_step} {d_runs / wall:7.1f} runs/s")
+        per_step = f"{total / 1e3 / n:9.2f} us/step" if n else " " * 17
+        print(f"  {'perfmon in all':<18} {total / 1e6 / wall:8.2f} ms/s {per_step}")
+
+
+def paced(step, rate: float | None, seconds: float) -> int:
+    """Run ``step`` for ``seconds``: as fast as it goes (``rate`` None), at ``rate`` steps a second (a sleep to
+    each step's slot), or not at all (0). Returns the steps run."""
+    t0 = time.perf_counter()
+    end, n = t0 + seconds, 0
+    if rate is None:
+        while time.perf_counter() < end:
+            for _ in range(50):
+                step()
+            n += 50
+        return n
+    if rate == 0:
+        time.sleep(seconds)
+        return 0
+    while True:
+        slot = t0 + n / rate
+        if slot >= end:
+            return n
+        delay = slot - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        step()
+        n += 1
 
 
 if __name__ == "__main__":

@@ -76,9 +76,22 @@ def test_agent_threads_names_each_of_perfmons_threads(env: dict[str, str]) -> No
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "agent_threads.py"), "--job", "tiny",
                           "--seconds", "0.5"], capture_output=True, text=True, timeout=300, check=True,
                          env=env).stdout
-    assert re.search(r"^job tiny: \d+ steps in [\d.]+ s \(\d+ steps/s\), monitor connected$", out, re.M), out
+    assert re.search(r"^job tiny as fast as it goes: \d+ steps in [\d.]+ s \(\d+ steps/s\), monitor connected$",
+                     out, re.M), out
     for thread in ("MainThread", "perfmon-agent", "perfmon-sampler", "perfmon-server"):
         assert re.search(rf"^  {thread} +[\d.]+ ms/s +[\d.]+ us/step +[\d.]+ runs/s$", out, re.M), out
+    assert re.search(r"^  perfmon in all +[\d.]+ ms/s +[\d.]+ us/step$", out, re.M), out
+
+
+@pytest.mark.e2e
+def test_agent_threads_paced_at_given_step_rates(env: dict[str, str]) -> None:  # noqa: F811
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "agent_threads.py"), "--job", "tiny",
+                          "--seconds", "1", "--rates", "0,40"], capture_output=True, text=True, timeout=300,
+                         check=True, env=env).stdout
+    assert re.search(r"^job tiny paced at 0 steps/s: 0 steps in [\d.]+ s \(0 steps/s\)", out, re.M), out
+    paced = re.search(r"^job tiny paced at 40 steps/s: (\d+) steps in ([\d.]+) s", out, re.M)
+    assert paced and 0.5 * 40 <= int(paced[1]) <= 40 * float(paced[2]) + 1, out  # the pace, never faster
+    assert len(re.findall(r"^  perfmon in all +[\d.]+ ms/s", out, re.M)) == 2, out
 
 
 def test_hodges_lehmann_centre_and_interval() -> None:
