@@ -81,6 +81,17 @@ def decode(line: bytes | str, allowed: Iterable[str] = AGENT_TYPES) -> dict[str,
     return msg
 
 
+def is_exit(msg: dict[str, Any]) -> bool:
+    """The agent's last message: the ``exit`` event (read by whoever follows a stream, before any parsing)."""
+    return msg.get("type") == "event" and msg.get("kind") == "exit"
+
+
+def hello_pid(msg: dict[str, Any]) -> int | None:
+    """The job's pid, when ``msg`` is a ``hello`` that carries one."""
+    pid = msg.get("pid") if msg.get("type") == "hello" else None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
 def exception_line(text: str | None) -> str | None:
     """An exception as one line: ``SyntaxError: '(' was never closed (syn.py line 2)``.
 

@@ -75,7 +75,7 @@ def ends_with_exit(complete: bytes) -> bool:
         msg = protocol.decode(last)
     except protocol.DecodeError:
         return False
-    return msg.get("type") == "event" and msg.get("kind") == "exit"
+    return protocol.is_exit(msg)
 
 
 def tail_bytes(path: Path, size: int = 1 << 16) -> bytes | None:

@@ -22,6 +22,20 @@ def row(i, t, dur=10.0, data=1.0, fwd=2.0, bwd=3.0, opt=2.0, samples=32):
     return [i, t, dur, data, fwd, bwd, opt, dur - data - fwd - bwd - opt, samples]
 
 
+@pytest.mark.parametrize(("msg", "exit", "pid"), [
+    (protocol.message("event", kind="exit", code=0), True, None),
+    (protocol.message("event", kind="warning", message="x"), False, None),
+    (protocol.message("steps", kind="exit"), False, None),  # only an event is an exit
+    (protocol.message("hello", pid=4242), False, 4242),
+    (protocol.message("hello", pid="4242"), False, None),  # a pid of the wrong type is no pid
+    (protocol.message("hello", pid=True), False, None),
+    (protocol.message("sample", pid=4242), False, None),  # only a hello names the job's pid
+])
+def test_exit_and_pid_read_from_a_stream(msg, exit, pid):
+    assert protocol.is_exit(msg) is exit
+    assert protocol.hello_pid(msg) == pid
+
+
 def test_round_trip_preserves_message():
     msg = steps_msg([row(1, 100.0), row(2, 100.01)], seq=3)
     back = protocol.decode(protocol.encode(msg))

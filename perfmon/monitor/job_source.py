@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from perfmon import paths
+from perfmon import paths, protocol
 from perfmon.analysis.job import ATTEMPT_KEY, RANK_KEY
 from perfmon.analysis.profile_window import summarised
 from perfmon.messages.commands import Command
@@ -52,7 +52,7 @@ class _FollowedRecording(Source):
             batch = self.reader.read_new()
             for msg in batch:
                 yield msg
-                if msg.get("type") == "event" and msg.get("kind") == "exit":
+                if protocol.is_exit(msg):
                     return
             if not batch:
                 if not alive:
@@ -173,8 +173,9 @@ class JobSource(Source):
         reader = RecordingReader(rank_dir / "events.jsonl")
         while not self._closed.is_set():
             for msg in reader.read_new(1 << 16):
-                if msg.get("type") == "hello" and isinstance(msg.get("pid"), int):
-                    return int(msg["pid"])
+                pid = protocol.hello_pid(msg)
+                if pid is not None:
+                    return pid
             if not self.alive():
                 return None
             self._closed.wait(POLL_S)
