@@ -622,3 +622,53 @@ def test_steady_steps_made_in_c_read_and_compare_as_step_records(monkeypatch):
     assert fast[1].samples is None and fast[3].samples == 64  # 0 samples reads None, as the Python path says
     with pytest.raises(TypeError):
         hash(fast[1])  # unhashable, like the dataclass
+
+
+@needs_hot
+def test_the_ring_calls_its_alarm_when_it_comes_to_hold_wake_at_events():
+    """The publisher sleeps long while a job does not step; the ring wakes it as a burst piles up: once each time
+    it comes to hold ``wake_at`` events, whoever appends (Python here, the C hooks in a job)."""
+    ring = HOT.Ring(100)
+    assert ring.wake is None
+    calls: list[int] = []
+    ring.wake, ring.wake_at = lambda: calls.append(len(ring)), 3
+    for _ in range(10):
+        ring.append((1, 0.0, None, None))
+    assert calls == [3]  # at the crossing, with the third event already on the ring
+    ring.drain()
+    for _ in range(4):
+        ring.append((1, 0.0, None, None))
+    assert calls == [3, 3]
+
+    def broken() -> None:
+        raise RuntimeError("the alarm failed")
+
+    ring.drain()
+    ring.wake = broken
+    for _ in range(5):
+        ring.append((1, 0.0, None, None))  # its error never reaches the appending thread
+    assert len(ring) == 5
+    ring.wake = None
+    with pytest.raises(TypeError):
+        ring.wake = 3
+
+
+@needs_hot
+def test_the_c_hooks_ring_the_alarm_too():
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    buf = event_buffer(100_000)
+    woken: list[int] = []
+    buf.wake, buf.wake_at = lambda: woken.append(len(buf)), 50
+    inst = Instrumentation(lambda code, arg=None: buf.append((code, perf_counter(), arg, None)), lambda *a: None)
+    inst.install()
+    try:
+        inst.fast = buf.append
+        assert inst.bounds.ring is buf  # the C hooks write there directly
+        for _ in range(20):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        inst.uninstall()
+    assert woken == [50] and len(buf) > 50

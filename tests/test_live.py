@@ -426,6 +426,42 @@ def test_an_idle_publisher_does_not_flush_until_an_event_comes(tmp_path):
         a.finish({"code": 0, "signal": None, "traceback": None, "exception": None})
 
 
+def test_a_burst_wakes_a_publisher_asleep_for_an_hour(tmp_path, monkeypatch):
+    """The ring's alarm: WAKE_EVENTS events wake the publisher whatever it planned, so a burst after a long idle
+    stretch is flushed long before the buffer could overflow."""
+    from perfmon.agent import runtime
+    from perfmon.agent.native import HOT
+    from perfmon.agent.steps import BEGIN
+
+    if HOT is None:
+        pytest.skip("the C hot path is not built here: the publisher then never sleeps past its tick")
+    asleep, flushed = threading.Event(), threading.Event()
+    monkeypatch.setattr(runtime, "next_wait", lambda *a: (asleep.set(), 3600.0)[1])
+    a = Agent(tmp_path / "run", {"script": "x"}, tick=0.01, sample_interval=None)
+    flush = a._flush
+    a._flush = lambda final=False: (flushed.set(), flush(final))[1]
+    a.start()
+    try:
+        assert asleep.wait(60)  # its first tick planned an hour's sleep
+        for _ in range(runtime.WAKE_EVENTS - 1):
+            a.events.append((BEGIN, 0.0, "forward", None))
+        assert not flushed.is_set()  # (it stays asleep below the mark: checked below by the one that wakes it)
+        a.events.append((BEGIN, 0.0, "forward", None))
+        assert flushed.wait(60)
+    finally:
+        a.finish({"code": 0, "signal": None, "traceback": None, "exception": None})
+
+
+def test_without_the_c_ring_the_publisher_never_sleeps_past_its_tick(tmp_path, monkeypatch):
+    from perfmon.agent import runtime
+    from perfmon.agent.native import EventDeque
+
+    monkeypatch.setattr(runtime, "event_buffer", lambda n: EventDeque(maxlen=n))
+    a = Agent(tmp_path / "run", {"script": "x"}, tick=0.5, sample_interval=None)
+    assert a._idle_tick == 0.5  # nothing would wake it for a burst
+    a.recorder.close()
+
+
 def test_a_job_without_cuda_stops_asking_torch_about_it(tmp_path, monkeypatch):
     import types
 

@@ -94,6 +94,8 @@ typedef struct {
     Slot *buf, *spare;
     Py_ssize_t cap, head, len, maxlen;
     long long dropped;
+    PyObject *wake;      /* called when the ring comes to hold wake_at events (the publisher's alarm), or NULL */
+    Py_ssize_t wake_at;
 } Ring;
 
 static PyTypeObject RingType;
@@ -130,6 +132,24 @@ static Slot *ring_next(Ring *r) {
     return s;
 }
 
+/* The ring came to hold wake_at events: call `wake` (the publisher sleeps long while a job does not step, and a
+ * burst must not fill the ring meanwhile). Its result and any error are dropped: nothing reaches the training
+ * thread. Called with the slot written, so the ring is consistent if the call switches threads. */
+static void ring_wake(Ring *r) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *wake = Py_NewRef(r->wake);
+    PyObject *res = PyObject_CallNoArgs(wake);
+    Py_DECREF(wake);
+    if (res == NULL) PyErr_Clear();
+    else Py_DECREF(res);
+    PyErr_Restore(type, value, tb);
+}
+
+static inline void ring_filled(Ring *r) {
+    if (r->len == r->wake_at && r->wake != NULL) ring_wake(r);
+}
+
 static inline int ring_push(Ring *r, int code, int tag, int kind, const void *ptr, long n) {
     Slot *s = ring_next(r);
     if (s == NULL) return -1;
@@ -139,6 +159,7 @@ static inline int ring_push(Ring *r, int code, int tag, int kind, const void *pt
     s->kind = (int8_t)kind;
     if (tag == TAG_DATA) s->aux.n = n;
     else s->aux.ptr = ptr;
+    ring_filled(r);
     return 0;
 }
 
@@ -218,6 +239,7 @@ static void Ring_dealloc(Ring *self) {
     Py_ssize_t cap = self->cap, head = self->head, len = self->len;
     self->buf = NULL;
     self->len = self->cap = 0;
+    Py_CLEAR(self->wake);
     release_slots(buf, cap, head, len);
     PyMem_RawFree(buf);
     PyMem_RawFree(self->spare);
@@ -230,6 +252,7 @@ static int ring_push_obj(Ring *r, PyObject *event) {
     if (s == NULL) return -1;
     s->aux.obj = Py_NewRef(event);
     s->tag = TAG_OBJ;
+    ring_filled(r);
     return 0;
 }
 
@@ -361,6 +384,27 @@ static PyMethodDef Ring_methods[] = {
 static PyMemberDef Ring_members[] = {
     {"maxlen", T_PYSSIZET, offsetof(Ring, maxlen), READONLY, "the most events held; older ones are dropped"},
     {"dropped", T_LONGLONG, offsetof(Ring, dropped), READONLY, "events dropped because the ring was full"},
+    {"wake_at", T_PYSSIZET, offsetof(Ring, wake_at), 0, "wake() is called when the ring comes to hold this many"},
+    {NULL},
+};
+
+static PyObject *Ring_get_wake(Ring *self, void *Py_UNUSED(closure)) {
+    return Py_NewRef(self->wake != NULL ? self->wake : Py_None);
+}
+
+static int Ring_set_wake(Ring *self, PyObject *value, void *Py_UNUSED(closure)) {
+    if (value != NULL && value != Py_None && !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "wake must be callable or None");
+        return -1;
+    }
+    Py_XSETREF(self->wake, value == NULL || value == Py_None ? NULL : Py_NewRef(value));
+    return 0;
+}
+
+static PyGetSetDef Ring_getset[] = {
+    {"wake", (getter)Ring_get_wake, (setter)Ring_set_wake,
+     "called (no arguments, from the appending thread) when the ring comes to hold wake_at events; None: never",
+     NULL},
     {NULL},
 };
 
@@ -376,6 +420,7 @@ static PyTypeObject RingType = {
     .tp_dealloc = (destructor)Ring_dealloc,
     .tp_methods = Ring_methods,
     .tp_members = Ring_members,
+    .tp_getset = Ring_getset,
     .tp_as_sequence = &Ring_as_sequence,
 };
 

@@ -32,19 +32,22 @@ from perfmon.messages.commands import Command
 EVENT_BUFFER = 500_000
 #: Rows per ``steps`` message: keeps every line far below protocol.MAX_LINE.
 STEPS_PER_MESSAGE = 2000
-#: Most step rows one flush of the 0.5 s tick sends to the monitors (a sooner tick sends its share: the same rows
+#: Most step rows one flush of the 1 s tick sends to the monitors (a sooner tick sends its share: the same rows
 #: per second); the recording always has every row. Beyond this (over ~500 steps/s) the older rows reach monitors
 #: as one ``bulk`` summary (count, sums, max), so a monitor's cost stays flat however fast the job steps.
-LIVE_ROWS = 250
+LIVE_ROWS = 500
 #: At exit, the publisher may take as long as its backlog needs; it is abandoned only after this many
 #: seconds without any progress (a hung disk), so a loaded machine never loses steps to a timer.
 STALL_S = 20.0
 #: At high event rates the publisher ticks sooner, so that a flush takes about this many events: a batch that stays
-#: in cache, and a buffer far from EVENT_BUFFER (a 0.5 s tick at 1M events/s would drop events under load).
+#: in cache, and a buffer far from EVENT_BUFFER (the ring's alarm, WAKE_EVENTS, cuts short a tick a burst outgrows).
 FLUSH_EVENTS = 20_000
 MIN_TICK = 0.02
 #: The longest the publisher sleeps in a job that stopped stepping: how late the first step after it shows.
 IDLE_TICK = 2.0
+#: Events that wake a sleeping publisher (the C ring calls it when it comes to hold this many): a sudden burst at
+#: ~1M events/s after an idle stretch is flushed at FLUSH_EVENTS-sized batches, far from EVENT_BUFFER.
+WAKE_EVENTS = 2 * FLUSH_EVENTS
 #: How often the discovery file is rewritten for a new step count alone (``perfmon ls``'s STEPS column).
 DISCOVERY_STEPS_S = 5.0
 
@@ -52,12 +55,19 @@ DISCOVERY_STEPS_S = 5.0
 class Agent:
     """One per training process."""
 
-    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = 0.5, sample_interval: float | None = 1.0) -> None:
+    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = 1.0, sample_interval: float | None = 1.0) -> None:
         self.run_dir = run_dir
         self.meta = meta
         self.tick = tick
         #: what the hooks append, (code, perf_counter(), arg, CUDA mark); ``native.event_buffer``
         self.events: Any = event_buffer(EVENT_BUFFER)
+        #: set by the training thread's append when WAKE_EVENTS pile up (the C ring's alarm), and by finish()
+        self._wake = threading.Event()
+        #: the publisher's longest sleep while nothing comes: IDLE_TICK where a burst can wake it, else the tick
+        self._idle_tick = tick
+        if hasattr(self.events, "wake"):
+            self.events.wake, self.events.wake_at = self._wake.set, WAKE_EVENTS
+            self._idle_tick = max(tick, IDLE_TICK)
         self.cuda_marks = False
         self.enabled = True
         self.errors: dict[str, int] = {}
@@ -188,6 +198,7 @@ class Agent:
         self.enabled = False
         self._sync_fast_path()
         self._stop.set()
+        self._wake.set()
         if self.sampler is not None:
             self.sampler.stop()
         self._join_publisher()
@@ -359,7 +370,11 @@ class Agent:
     # -- publisher thread ----------------------------------------------------------------------
     def _run(self) -> None:
         wait, last = self.tick, time.monotonic()
-        while not self._stop.wait(wait):
+        while True:
+            self._wake.wait(wait)
+            if self._stop.is_set():
+                return
+            self._wake.clear()  # what set it is in the buffer, drained below
             n = 0
             try:
                 self._poll_cuda()
@@ -374,7 +389,7 @@ class Agent:
             except Exception:  # noqa: BLE001
                 pass
             now = time.monotonic()
-            wait, last = next_wait(n, now - last, self.tick, wait), now
+            wait, last = next_wait(n, now - last, self.tick, wait, self._idle_tick), now
             self._live_rows = max(1, round(LIVE_ROWS * wait / self.tick))
 
     def _poll_cuda(self) -> None:
@@ -517,13 +532,15 @@ def _no_event() -> None:
     return None
 
 
-def next_wait(events: int, seconds: float, tick: float, waited: float | None = None) -> float:
+def next_wait(events: int, seconds: float, tick: float, waited: float | None = None,
+              longest: float = IDLE_TICK) -> float:
     """How long the publisher sleeps after a flush of ``events`` events that came in ``seconds``: ``tick``, or
     sooner at a rate that would bring more than FLUSH_EVENTS in a tick (never under MIN_TICK). A tick that found
-    nothing (it ``waited`` that long) doubles the sleep, up to IDLE_TICK: a job that stopped stepping (evaluation,
-    a checkpoint, a long data stall) pays for fewer wake-ups, each ~0.1 ms of CPU in its cold caches."""
+    nothing (it ``waited`` that long) doubles the sleep, up to ``longest``: a job that stopped stepping (evaluation,
+    a checkpoint, a long data stall) pays for fewer wake-ups, each ~0.1 ms of CPU in its cold caches; a burst
+    after it wakes the publisher at WAKE_EVENTS (the ring's alarm), long before the buffer could overflow."""
     if events == 0 and waited is not None:
-        return max(tick, min(IDLE_TICK, waited * 2))
+        return max(tick, min(longest, waited * 2))
     rate = events / max(seconds, 1e-3)
     if rate * tick <= FLUSH_EVENTS:
         return tick
