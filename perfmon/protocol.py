@@ -22,6 +22,10 @@ MAX_LINE = 4 * 1024 * 1024
 AGENT_TYPES = frozenset({"hello", "steps", "sample", "profile", "model", "log", "event"})
 # Monitor -> agent commands, and the one list of their names: perfmon.messages.commands.
 
+#: How often an agent sends what it has (sooner when events pile up): how stale a monitor's view of a job's step
+#: count may be.
+PUBLISH_TICK_S = 1.0
+
 PHASES = ("data", "forward", "backward", "optimizer")
 ALL_PHASES = (*PHASES, "other")
 #: Kinds of time outside training steps, in a ``steps`` message's optional ``outside`` dict (``<kind>_ms``).

@@ -8,6 +8,7 @@ from typing import Any
 
 from tui_fixtures import START, screen_text, wait_until, write_job, write_recording
 
+from perfmon import protocol
 from perfmon.analysis.job import JobState
 from perfmon.analysis.state import RunState
 from perfmon.messages.commands import Command
@@ -97,7 +98,11 @@ async def test_p_profiles_every_rank_at_one_step_and_c_goes_to_the_rank_shown(tm
         await pilot.press("p")
         profile = source.sent[-1]
         assert profile.name == "profile" and profile.ranks is None  # every rank
-        assert profile.at_step is not None and profile.at_step >= 3000 + 2  # ahead of the furthest rank: each starts at that same step
+        # ahead of the furthest rank by a tick and a half of steps (what it saw is up to an agent's tick old): each
+        # starts at that same step
+        rate = max(s.steps_per_s() or 0.0 for s in app.job.ranks.values())
+        assert rate > 0 and profile.at_step is not None
+        assert rate * (protocol.PUBLISH_TICK_S + 0.5) <= profile.at_step - 3000 <= rate * 3 + 2
         await pilot.press("1", "r", "c")
         assert source.sent[-1] == Command("empty_cache", id=2, ranks=(1,))
         await pilot.press("7", "c")  # from the ranks view: the whole job

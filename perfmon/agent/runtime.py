@@ -55,7 +55,7 @@ DISCOVERY_STEPS_S = 5.0
 class Agent:
     """One per training process."""
 
-    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = 1.0, sample_interval: float | None = 1.0) -> None:
+    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = protocol.PUBLISH_TICK_S, sample_interval: float | None = 1.0) -> None:
         self.run_dir = run_dir
         self.meta = meta
         self.tick = tick

@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from textual.binding import Binding
 
+from perfmon import protocol
 from perfmon.analysis.profile_window import export_text
 from perfmon.messages.commands import Command, CommandName
 from perfmon.tui.shell import DETACHED, QUIT, STOPPED, DashboardShell
@@ -153,7 +154,9 @@ class PerfmonApp(DashboardShell):
         with self.lock:
             states = list(self.job.ranks.values())
             rate = max((s.steps_per_s() or 0.0 for s in states), default=0.0)
-            ahead = max(2, int(rate * 0.5) + 1)  # half a second of steps: every rank hears of it in time
+            # the step counts seen here are up to an agent's tick old: a tick and a half of steps ahead of the
+            # furthest, so every rank hears of it before it gets there
+            ahead = max(2, int(rate * (protocol.PUBLISH_TICK_S + 0.5)) + 1)
             top = max((s.steps for s in states), default=0)
         if name == "profile":
             return {"at_step": top + ahead}
