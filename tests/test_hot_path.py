@@ -672,3 +672,29 @@ def test_the_c_hooks_ring_the_alarm_too():
     finally:
         inst.uninstall()
     assert woken == [50] and len(buf) > 50
+
+
+@needs_hot
+def test_a_ctrl_c_inside_the_alarm_reaches_the_training_thread_after_the_append():
+    """A KeyboardInterrupt raised inside the alarm (a signal handler run in the middle of it) is not swallowed with
+    the alarm's other errors: the append is done, and the interrupt comes at the interpreter's next check."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is handled by something else here")
+    ring = HOT.Ring(10)
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    ring.wake, ring.wake_at = interrupted, 1
+    with pytest.raises(KeyboardInterrupt):
+        ring.append((1, 0.0, None, None))
+        for _ in range(10_000):  # the interpreter checks for signals as it runs
+            pass
+    assert len(ring) == 1  # the append was done when it came
+    ring.wake = lambda: None  # an alarm that returns: nothing comes after
+    ring.drain()
+    ring.append((1, 0.0, None, None))
+    for _ in range(10_000):
+        pass

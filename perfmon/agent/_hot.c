@@ -134,15 +134,22 @@ static Slot *ring_next(Ring *r) {
 
 /* The ring came to hold wake_at events: call `wake` (the publisher sleeps long while a job does not step, and a
  * burst must not fill the ring meanwhile). Its result and any error are dropped: nothing reaches the training
- * thread. Called with the slot written, so the ring is consistent if the call switches threads. */
+ * thread, except Ctrl-C: a KeyboardInterrupt a signal handler raised inside the call is delivered again (the agent's
+ * alarm, a SimpleQueue's put, runs no Python code, so that takes another callable). Called with the slot written, so
+ * the ring is consistent if the call switches threads. */
 static void ring_wake(Ring *r) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyObject *wake = Py_NewRef(r->wake);
     PyObject *res = PyObject_CallNoArgs(wake);
     Py_DECREF(wake);
-    if (res == NULL) PyErr_Clear();
-    else Py_DECREF(res);
+    if (res == NULL) {
+        int interrupted = PyErr_ExceptionMatches(PyExc_KeyboardInterrupt);
+        PyErr_Clear();
+        if (interrupted) PyErr_SetInterrupt();  /* raised again at the next check, in the training thread's code */
+    } else {
+        Py_DECREF(res);
+    }
     PyErr_Restore(type, value, tb);
 }
 
@@ -403,7 +410,8 @@ static int Ring_set_wake(Ring *self, PyObject *value, void *Py_UNUSED(closure)) 
 
 static PyGetSetDef Ring_getset[] = {
     {"wake", (getter)Ring_get_wake, (setter)Ring_set_wake,
-     "called (no arguments, from the appending thread) when the ring comes to hold wake_at events; None: never",
+     "called (no arguments, from the appending thread) when the ring comes to hold wake_at events; None: never. "
+     "The ring is not tracked by the garbage collector: a wake that refers back to its ring keeps both alive.",
      NULL},
     {NULL},
 };

@@ -7,9 +7,11 @@ attached monitor. Nothing here raises into training: errors are counted and repo
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import queue
 import signal
 import socket
 import sys
@@ -61,12 +63,14 @@ class Agent:
         self.tick = tick
         #: what the hooks append, (code, perf_counter(), arg, CUDA mark); ``native.event_buffer``
         self.events: Any = event_buffer(EVENT_BUFFER)
-        #: set by the training thread's append when WAKE_EVENTS pile up (the C ring's alarm), and by finish()
-        self._wake = threading.Event()
-        #: the publisher's longest sleep while nothing comes: IDLE_TICK where a burst can wake it, else the tick
+        #: what the publisher sleeps on: an item from the C ring's alarm (the training thread's append, when
+        #: WAKE_EVENTS pile up, or the first event after an idle stretch) or from finish(). A SimpleQueue's put runs
+        #: no Python code, so a signal's handler (Ctrl-C) never runs inside the alarm and its exception is not lost.
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        #: the publisher's longest sleep while nothing comes: IDLE_TICK where an event can wake it, else the tick
         self._idle_tick = tick
         if hasattr(self.events, "wake"):
-            self.events.wake, self.events.wake_at = self._wake.set, WAKE_EVENTS
+            self.events.wake, self.events.wake_at = functools.partial(self._wake.put_nowait, None), WAKE_EVENTS
             self._idle_tick = max(tick, IDLE_TICK)
         self.cuda_marks = False
         self.enabled = True
@@ -198,7 +202,7 @@ class Agent:
         self.enabled = False
         self._sync_fast_path()
         self._stop.set()
-        self._wake.set()
+        self._wake.put_nowait(None)
         if self.sampler is not None:
             self.sampler.stop()
         self._join_publisher()
@@ -371,10 +375,9 @@ class Agent:
     def _run(self) -> None:
         wait, last = self.tick, time.monotonic()
         while True:
-            self._wake.wait(wait)
-            if self._stop.is_set():
+            self._sleep(wait)
+            if self._stop.is_set():  # after the sleep's items are taken: finish() sets it before it wakes us
                 return
-            self._wake.clear()  # what set it is in the buffer, drained below
             n = 0
             try:
                 self._poll_cuda()
@@ -389,8 +392,35 @@ class Agent:
             except Exception:  # noqa: BLE001
                 pass
             now = time.monotonic()
-            wait, last = next_wait(n, now - last, self.tick, wait, self._idle_tick), now
-            self._live_rows = max(1, round(LIVE_ROWS * wait / self.tick))
+            # steps held for the GPU are work still to do: no longer sleep while they wait
+            waited = None if self.cuda.pending else wait
+            wait, last = next_wait(n, now - last, self.tick, waited, self._idle_tick), now
+            wait = self._arm_alarm(wait)
+            self._live_rows = max(1, round(LIVE_ROWS * min(wait, self.tick) / self.tick))
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep until ``seconds`` pass or the alarm rings; take every item the alarm left."""
+        try:
+            self._wake.get(timeout=seconds)
+            while True:
+                self._wake.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _arm_alarm(self, wait: float) -> float:
+        """Before a sleep past the tick (nothing came), have the first event wake the publisher: a job that resumes
+        shows at once, and a monitor's view of its step is never more than a tick old (a profiler window on every
+        rank at one step counts on that). Returns the sleep to take: the tick if an event came meanwhile."""
+        events = self.events
+        if wait <= self.tick or not hasattr(events, "wake_at"):
+            if hasattr(events, "wake_at"):
+                events.wake_at = WAKE_EVENTS
+            return wait
+        events.wake_at = 1
+        if len(events):  # it came before the alarm was set: no ring for it, so do not sleep past it
+            events.wake_at = WAKE_EVENTS
+            return self.tick
+        return wait
 
     def _poll_cuda(self) -> None:
         if self._cuda_event is not None or self.instrumentation is None:
