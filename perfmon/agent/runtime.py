@@ -412,12 +412,11 @@ class Agent:
         shows at once, and a monitor's view of its step is never more than a tick old (a profiler window on every
         rank at one step counts on that). Returns the sleep to take: the tick if an event came meanwhile."""
         events = self.events
-        if wait <= self.tick or not hasattr(events, "wake_at"):
-            if hasattr(events, "wake_at"):
-                events.wake_at = WAKE_EVENTS
+        if not hasattr(events, "wake_at"):  # no alarm: the wait never passes the tick (``_idle_tick``)
             return wait
-        events.wake_at = 1
-        if len(events):  # it came before the alarm was set: no ring for it, so do not sleep past it
+        idle = wait > self.tick
+        events.wake_at = 1 if idle else WAKE_EVENTS
+        if idle and len(events):  # it came before the alarm was set: no alarm for it, so do not sleep past it
             events.wake_at = WAKE_EVENTS
             return self.tick
         return wait
