@@ -1,6 +1,7 @@
 """Each of perfmon's threads in a training process: its CPU per second and per step, and how often it runs.
 
     python benchmarks/agent_threads.py [--job mlp|tiny] [--seconds 20] [--no-monitor] [--rates 10,100,1000]
+                                       [--self-sampled]
 
 One process runs ``agent_cpu.py``'s job under a whole agent, started as ``perfmon``'s bootstrap starts it (the
 publisher, the socket server, the 1 Hz sampler, the recording, the hooks), with a monitor process reading all the
@@ -13,6 +14,10 @@ which thread it goes to.
 a window of ``--seconds`` each, and adds the total of perfmon's threads per step at each rate: a fixed cost a second
 (the 1 Hz sampler, the publisher's tick) shows as a per-step cost that grows as the rate falls. A rate of 0 is a
 job that stopped stepping.
+
+As ``perfmon train.py`` runs a script, the job's host and GPU readings are taken by another process (the
+launcher's feed, here a process of its own) and sent to the job to record; ``--self-sampled`` runs the job's own
+sampler thread instead, as a job started by ``perfmon.instrument()`` or torchrun does.
 """
 
 from __future__ import annotations
@@ -29,6 +34,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_blocks import READER, wait_for  # noqa: E402
+
+#: The launcher's feed, for the job's pid, until the job closes its socket.
+FEEDER = """
+import sys
+from pathlib import Path
+from perfmon import paths
+from perfmon.monitor.host_feed import HostFeed
+pid = int(sys.argv[1])
+feed = HostFeed(pid, Path(sys.argv[2]), lambda: paths.pid_alive(pid)).start()
+feed._thread.join()
+"""
 
 
 def schedstats() -> dict[str, tuple[int, int]]:
@@ -49,6 +65,7 @@ def main() -> None:
     p.add_argument("--job", choices=("mlp", "tiny"), default="mlp")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--no-monitor", action="store_true")
+    p.add_argument("--self-sampled", action="store_true", help="the job's own sampler thread, not the launcher's feed")
     p.add_argument("--rates", type=lambda v: [float(x) for x in v.split(",")], default=None,
                    help="comma-separated step rates to pace the job at, a window each (0: not stepping)")
     args = p.parse_args()
@@ -68,8 +85,13 @@ def main() -> None:
         step()
     with tempfile.TemporaryDirectory(prefix="perfmon-agent-threads-") as tmp:
         run_dir = Path(tmp) / "run"
-        agent = Agent(run_dir, bootstrap._meta(__file__, sys.argv, False, run_dir))
+        agent = Agent(run_dir, bootstrap._meta(__file__, sys.argv, False, run_dir), fed=not args.self_sampled)
         agent.start()
+        feeder = None
+        if not args.self_sampled and agent.server is not None:
+            feeder = subprocess.Popen([sys.executable, "-c", FEEDER, str(os.getpid()), str(agent.server.path)],
+                                      stdin=subprocess.DEVNULL)
+            wait_for(lambda: agent.sampler._fed_last is not None, "the first fed sample")
         _api.set_agent(agent)
         bootstrap.install_hooks(agent)
         reader = None
@@ -93,14 +115,16 @@ def main() -> None:
         agent.instrumentation.uninstall()
         agent.finish({"code": 0, "signal": None, "traceback": None, "exception": None})
         _api.set_agent(None)
-        if reader is not None:
-            reader.wait(timeout=60)
+        for helper in (reader, feeder):
+            if helper is not None:
+                helper.wait(timeout=60)
     if agent.tracker.count - steps0 < ran:
         raise SystemExit(f"the agent counted {agent.tracker.count - steps0} of {ran} steps")
     for rate, n, wall, before, after in windows:
         pace = "as fast as it goes" if rate is None else f"paced at {rate:g} steps/s"
         print(f"job {args.job} {pace}: {n} steps in {wall:.1f} s ({n / wall:.0f} steps/s), monitor "
-              f"{'off' if args.no_monitor else 'connected'}")
+              f"{'off' if args.no_monitor else 'connected'}, "
+              f"{'sampled by the job' if args.self_sampled or feeder is None else 'sampled by a feed'}")
         total = 0
         for name, (cpu, runs) in sorted(after.items()):
             if name in before:

@@ -188,11 +188,17 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
 
 def _ls(argv: list[str]) -> int:
     from perfmon.monitor.discovery import group_jobs, live_runs
+    from perfmon.recording import last_step
 
     p = _Parser(prog="perfmon ls", description="Live perfmon runs on this machine.")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    runs = group_jobs(live_runs())
+    runs = live_runs()
+    for run in runs:  # how far each is: from its recording, which the job writes anyway
+        steps = last_step(Path(run["run_dir"])) if isinstance(run.get("run_dir"), str) else None
+        if steps is not None:
+            run["steps"] = steps
+    runs = group_jobs(runs)
     if args.json:
         import json
 
@@ -217,8 +223,8 @@ def _ls(argv: list[str]) -> int:
 
 
 def _status_of(run: dict) -> dict:
-    """Steps and attached monitors, from the discovery file the agent keeps current (once a second);
-    an agent of an older perfmon that does not write them: steps from its recording."""
+    """Steps and attached monitors: monitors from the discovery file (the agent rewrites it when one comes or
+    goes), steps from the end of the recording (the whole recording where its end holds none)."""
     out: dict = {"monitors": run.get("monitors", "?")}
     if isinstance(run.get("steps"), int):
         out["steps"] = run["steps"]

@@ -78,6 +78,31 @@ def ends_with_exit(complete: bytes) -> bool:
     return protocol.is_exit(msg)
 
 
+#: Enough of a recording's end to hold its last whole ``steps`` message (at most 2,000 rows, ~200 KB).
+STEPS_TAIL = 1 << 19
+
+
+def last_step(run_dir: Path) -> int | None:
+    """The number of the last step the run recorded, from the end of its recording (None: none there yet).
+    ``perfmon ls`` reads it here, so the job need not keep rewriting a file to say how far it is."""
+    tail = tail_bytes(run_dir / "events.jsonl", STEPS_TAIL)
+    if tail is None:
+        return None
+    for line in reversed(tail.split(b"\n")[1:] if len(tail) == STEPS_TAIL else tail.split(b"\n")):
+        if b'"steps"' not in line:
+            continue
+        try:
+            msg = protocol.decode(line, allowed=("steps",))
+        except protocol.DecodeError:
+            continue
+        rows = msg.get("rows")
+        if isinstance(rows, list) and rows and isinstance(rows[-1], list) and rows[-1]:
+            index = rows[-1][0]
+            if isinstance(index, int) and not isinstance(index, bool):
+                return index
+    return None
+
+
 def tail_bytes(path: Path, size: int = 1 << 16) -> bytes | None:
     """The last ``size`` bytes of the file; None if it cannot be read."""
     try:

@@ -234,7 +234,7 @@ def test_process_memory_when_nvml_lists_our_pid(monkeypatch):
 ])
 def test_pid_absent_from_nvml_is_na_with_the_reason_never_0(monkeypatch, cuda_initialized, reason):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(nvml, "_cuda_initialized", lambda: cuda_initialized)
+    monkeypatch.setattr(nvml, "cuda_initialized", lambda: cuda_initialized)
     host_pid = os.getpid() + 100_000  # our process as the host sees it: not our pid
     for procs in ([(host_pid, 3 * GIB)], []):
         msg = _sample_through_the_agent(FakeNvml([h100(procs=procs)]))

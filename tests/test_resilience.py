@@ -220,3 +220,28 @@ def test_an_attached_monitor_stops_the_job_like_ctrl_c(env, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_killed_launcher_leaves_the_job_sampling_for_itself(env, tmp_path):
+    """The launcher reads the job's host telemetry from outside it; killed, the job takes that over at once."""
+    run_dir = tmp_path / "run"
+    events = run_dir / "events.jsonl"
+    mon = subprocess.Popen([*PERFMON, "--headless", "--interval", "1000", "--sample-interval", "0.2",
+                            "--run-dir", str(run_dir), str(LOOPS / "fast_steps.py"), "--seconds", "8"],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def samples() -> list[dict]:
+        lines = events.read_bytes().splitlines() if events.exists() else []
+        return [m for m in map(json.loads, lines[:-1]) if m.get("type") == "sample"]  # the last may be partial
+
+    wait_until(lambda: any(s.get("sampled_by") == "launcher" for s in samples()), what="a reading from the launcher")
+    agent_pid = json.loads(events.read_bytes().split(b"\n", 1)[0])["pid"]
+    mon.kill()
+    mon.wait(timeout=30)
+    wait_until(lambda: not psutil.pid_exists(agent_pid) or psutil.Process(agent_pid).status() == "zombie",
+               timeout=60, what="the training to finish on its own")
+    by = [s.get("sampled_by") for s in samples()]
+    took_over = by.index(None)
+    assert took_over > 0 and set(by[:took_over]) == {"launcher"} and set(by[took_over:]) == {None}
+    assert len(by) - took_over >= 3, by  # the job went on sampling, every 0.2 s, until it ended
+    assert b'"kind":"exit"' in events.read_bytes().rstrip().rsplit(b"\n", 1)[-1]

@@ -73,7 +73,11 @@ def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | N
     try:
         run_dir = _run_dir(target)
         interval = float(os.environ.get("PERFMON_SAMPLE_INTERVAL") or 1.0)
-        agent = Agent(run_dir, _meta(target, argv, module, run_dir), sample_interval=interval if interval > 0 else None)
+        # the launcher that started this process samples the host and GPUs from outside it and sends the readings
+        fed = os.environ.get("PERFMON_SAMPLER") == "launcher" and os.environ.get("PERFMON_LAUNCHER_PID") == str(
+            os.getppid())
+        agent = Agent(run_dir, _meta(target, argv, module, run_dir), sample_interval=interval if interval > 0 else None,
+                      fed=fed)
         agent.start()
     except Exception as exc:  # noqa: BLE001 - without an agent the script still runs
         print(f"perfmon: agent could not start ({exc}); running the script unmonitored", file=sys.stderr)

@@ -24,6 +24,7 @@ from typing import Any
 
 from perfmon import paths, protocol
 from perfmon.agent.cuda_timing import CudaResolver
+from perfmon.agent.feed import FeedReader
 from perfmon.agent.native import HOT, event_buffer
 from perfmon.agent.recorder import Recorder
 from perfmon.agent.server import Server
@@ -50,14 +51,14 @@ IDLE_TICK = 2.0
 #: Events that wake a sleeping publisher (the C ring calls it when it comes to hold this many): a sudden burst at
 #: ~1M events/s after an idle stretch is flushed at FLUSH_EVENTS-sized batches, far from EVENT_BUFFER.
 WAKE_EVENTS = 2 * FLUSH_EVENTS
-#: How often the discovery file is rewritten for a new step count alone (``perfmon ls``'s STEPS column).
-DISCOVERY_STEPS_S = 5.0
 
 
 class Agent:
     """One per training process."""
 
-    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = protocol.PUBLISH_TICK_S, sample_interval: float | None = 1.0) -> None:
+    def __init__(self, run_dir: Path, meta: dict[str, Any], tick: float = protocol.PUBLISH_TICK_S,
+                 sample_interval: float | None = 1.0, fed: bool = False) -> None:
+        """``fed``: the launcher sends the host and GPU readings (``sampler.Sampler.take_fed``)."""
         self.run_dir = run_dir
         self.meta = meta
         self.tick = tick
@@ -100,6 +101,8 @@ class Agent:
         self._cuda_event: Callable[[], Any] | None = None
         self.pid = os.getpid()
         self.sample_interval = sample_interval
+        self.fed = fed
+        self._feed: FeedReader | None = None
         self.sampler: Any = None
         self.commands: Any = None
         #: step rows formatted by the C hot path where built (False: the Python loop; tests compare the two)
@@ -164,7 +167,7 @@ class Agent:
             try:
                 from perfmon.agent.sampler import Sampler
 
-                self.sampler = Sampler(self, self.sample_interval)
+                self.sampler = Sampler(self, self.sample_interval, fed=self.fed)
                 self.sampler.start()  # opens NVML first: the hello says which GPUs there are
             except Exception as exc:  # noqa: BLE001 - no telemetry; steps still flow
                 self.record_error("sampler", exc)
@@ -173,7 +176,8 @@ class Agent:
         self._report_recording_error()
         try:
             self.server = Server(
-                paths.socket_path(self.pid), self._greeting, self._on_command, self._lock, self.record_error
+                paths.socket_path(self.pid), self._greeting, self._on_command, self._lock, self.record_error,
+                on_feed=self._on_feed,
             )
             self.server.start()
             self._write_discovery()
@@ -185,6 +189,8 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - no socket: training goes on, recording still works
             self.record_error("socket", exc)
             self.server = None
+        if self.server is None and self.sampler is not None:  # nothing can feed it
+            self.sampler.feed_lost()
         self._thread = threading.Thread(target=self._run, name="perfmon-agent", daemon=True)
         self._thread.start()
         os.register_at_fork(after_in_child=self._after_fork_child)
@@ -206,6 +212,7 @@ class Agent:
         if self.sampler is not None:
             self.sampler.stop()
         self._join_publisher()
+        self.close_feed()
         try:
             if self._flush_lock.acquire(timeout=STALL_S):
                 try:
@@ -319,8 +326,51 @@ class Agent:
             self._run_deferred()
 
     def _greeting(self) -> bytes:
-        hello = protocol.message("hello", **self.meta, live_seq=self._seq)
+        # agent_threads: perfmon's threads here, which a launcher sampling the job from outside does not count
+        # as the trainer's when it reads their CPU wait
+        hello = protocol.message("hello", **self.meta, live_seq=self._seq, agent_threads=sorted(
+            t.native_id for t in threading.enumerate() if t.name.startswith("perfmon") and t.native_id))
         return protocol.encode(hello)
+
+    def _on_feed(self, sock: socket.socket, first: dict[str, Any], pending: bytes) -> bool:
+        """The launcher's feed (socket thread), at its first reading; False: not wanted (it is closed)."""
+        if self._feed is not None or self._stop.is_set():
+            return False
+        if not self._take_sample(first):
+            return False
+        self._feed = FeedReader(sock, pending)
+        return True
+
+    def _take_sample(self, msg: dict[str, Any]) -> bool:
+        sampler = self.sampler
+        try:
+            return sampler is not None and sampler.take_fed(msg)
+        except Exception as exc:  # noqa: BLE001 - the job samples for itself instead
+            self.record_error("sampler", exc)
+            return False
+
+    def _read_feed(self) -> None:
+        """Record the readings the launcher sent since the last tick; a feed that ended or sent what cannot be
+        used is closed, and the job samples for itself."""
+        feed = self._feed
+        if feed is None:
+            return
+        for line in feed.lines():
+            try:
+                ok = self._take_sample(protocol.decode(line, allowed=("sample",)))
+            except protocol.DecodeError:
+                ok = False
+            if not ok:
+                feed.closed = True
+                break
+        if feed.closed and self.sampler is not None:
+            self.sampler.feed_lost()
+
+    def close_feed(self) -> None:
+        """Stop reading the launcher's feed (the job samples for itself, or ends)."""
+        feed, self._feed = self._feed, None
+        if feed is not None:
+            feed.close()
 
     def _on_command(self, command: Command, reply: Callable[[bytes], None]) -> None:
         """A command the server parsed (socket thread)."""
@@ -380,6 +430,9 @@ class Agent:
                 return
             n = 0
             try:
+                if self.sampler is not None:
+                    self._read_feed()
+                    self.sampler.check_feed()
                 self._poll_cuda()
                 if len(self.events) or self.cuda.pending:  # else a flush has nothing to do (~50 us cold)
                     with self._flush_lock:
@@ -519,16 +572,15 @@ class Agent:
 
     # -- discovery ---------------------------------------------------------------------------
     def _refresh_discovery(self) -> None:
-        """Keep ``perfmon ls``'s STEPS and MONITORS current: rewrite the file when they change, at most once a
-        second for a monitor that came or went and every DISCOVERY_STEPS_S for the step count alone (the rename
-        costs the job ~0.5 ms)."""
+        """Keep ``perfmon ls``'s MONITORS current: rewrite the file, at most once a second, when a monitor came
+        or went (the rename costs the job ~0.5 ms). Its step count is read from the recording's end."""
         server = self.server
         if server is None:
             return
         now = time.monotonic()
         current = (self.tracker.count, server.client_count)
         said = self._discovery_said
-        if current != said and now - self._discovery_at >= (1.0 if current[1] != said[1] else DISCOVERY_STEPS_S):
+        if current[1] != said[1] and now - self._discovery_at >= 1.0:
             self._discovery_at = now
             self._write_discovery()
 

@@ -1,7 +1,12 @@
-"""The agent's sampler thread: host, GPU and allocator telemetry, and model facts, at 1-2 Hz.
+"""The agent's sampler: host, GPU and allocator telemetry, and model facts, at 1-2 Hz.
 
 Runs off the training thread; its own CPU time is measured and reported (``cpu_s``) so its
 cost is visible. Every collector failure is counted, never raised.
+
+*Fed* (the job's launcher started it with ``PERFMON_SAMPLER=launcher``): the launcher reads the host and the GPUs
+from outside the job, where that CPU is not the job's, and sends each reading over the socket
+(:meth:`Sampler.take_fed`); the job adds only what it alone can read (the CUDA allocator, torch's threads, the
+model) and records it. No thread of its own runs then, until the feed stops coming: a launcher killed or hung.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Any
 from perfmon import protocol
 from perfmon.collectors.cuda_mem import CudaMemorySampler
 from perfmon.collectors.host import HostSampler
-from perfmon.collectors.nvml import NvmlSampler
+from perfmon.collectors.nvml import PROC_NO_CONTEXT, PROC_NOT_VISIBLE, NvmlSampler, cuda_initialized
 
 
 def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | None:
@@ -71,13 +76,23 @@ def _perfmon_threads() -> set[int]:
 
 #: The model's facts are recounted at least this often even when nothing they depend on seems to change.
 MODEL_RECOUNT_S = 60.0
+#: A fed sampler samples for itself when no reading came for this many intervals (the launcher hung or was
+#: killed; the publisher, which reads them, may sleep 2 s between ticks), or none within FEED_FIRST_S of the start
+#: (it never connected).
+FEED_MISSED = 5
+FEED_FIRST_S = 5.0
 
 
 class Sampler:
     """Samples every ``interval`` seconds and publishes ``sample`` and ``model`` messages."""
 
-    def __init__(self, agent: Any, interval: float = 1.0, nvml_backend: Any = None) -> None:
+    def __init__(self, agent: Any, interval: float = 1.0, nvml_backend: Any = None, fed: bool = False) -> None:
         self.agent = agent
+        #: the launcher sends the host and GPU readings (:meth:`take_fed`); no thread runs here meanwhile
+        self.fed = fed
+        self._fed_lock = threading.Lock()
+        self._fed_since = 0.0
+        self._fed_last: float | None = None
         self.interval = interval
         self.nvml = NvmlSampler(nvml_backend, pid=agent.pid)
         self.host = HostSampler(agent.pid, _perfmon_threads)
@@ -92,13 +107,58 @@ class Sampler:
         reason = self.nvml.open()
         self.agent.meta["gpus"] = self.nvml.static
         self.agent.meta["gpu_reason"] = reason
+        self._fed_since = time.monotonic()
+        if not self.fed:
+            self._start_thread()
+
+    def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._run, name="perfmon-sampler", daemon=True)
         self._thread.start()
+
+    def take_fed(self, msg: dict[str, Any]) -> bool:
+        """Record a reading the launcher sent (the socket's thread), with what only the job can read added.
+        False where no feed is wanted (any more), or for a reading that is not one of this job's: a
+        ``sample`` without host readings, or with other GPUs than the job sees."""
+        if not self.fed or self._stop.is_set():
+            return False
+        t0 = time.thread_time()
+        host, gpus, t = msg.get("host"), msg.get("gpus"), msg.get("t")
+        if not isinstance(host, dict) or not isinstance(gpus, list) or not isinstance(t, int | float):
+            return False
+        if [g.get("uuid") for g in gpus if isinstance(g, dict)] != [g.get("uuid") for g in self.nvml.static]:
+            return False
+        self._fed_last = time.monotonic()
+        if cuda_initialized():  # NVML does not list the job: from outside, that looked like "no context yet"
+            gpus = [dict(g, proc_mem_reason=PROC_NOT_VISIBLE) if g.get("proc_mem_reason") == PROC_NO_CONTEXT
+                    else g for g in gpus]
+        self._publish(host, gpus, float(t), sampler="launcher")
+        self._maybe_model()
+        self.cpu_s = time.thread_time() - t0
+        return True
+
+    def check_feed(self) -> None:
+        """Sample here from now on if the feed stopped coming (the publisher asks at each of its ticks)."""
+        if not self.fed:
+            return
+        now, last = time.monotonic(), self._fed_last
+        missed = max(FEED_MISSED * self.interval, FEED_FIRST_S)
+        if (now - self._fed_since > FEED_FIRST_S) if last is None else (now - last > missed):
+            self.feed_lost()
+
+    def feed_lost(self) -> None:
+        """The launcher's readings stopped (its connection closed, or nothing came): start this job's own."""
+        with self._fed_lock:
+            if not self.fed or self._stop.is_set():
+                return
+            self.fed = False
+            self._start_thread()
+        self.agent.close_feed()
 
     def stop(self) -> None:
         """Stop sampling, and count the model once more: a job shorter than a sample interval (or one whose
         sampler a loaded host kept waiting) still records what it trained."""
-        self._stop.set()
+        with self._fed_lock:  # no thread starts after this
+            self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
         if self._thread is None or not self._thread.is_alive():  # never beside a sample still running
@@ -121,17 +181,22 @@ class Sampler:
 
     def sample_once(self) -> None:
         gpus = self.nvml.sample() if self.nvml.handles else []
-        host = self.host.sample()
+        self._publish(self.host.sample(), gpus, time.time())
+
+    def _publish(self, host: dict[str, Any], gpus: list[Any], t: float, sampler: str | None = None) -> None:
         commands = self.agent.commands
         if commands is not None:  # None before the script imports torch
             host["torch_threads"] = commands.torch_threads
             commands.refresh_torch_threads()  # read afresh for the next sample: one call at a step end
         msg = protocol.message(
-            "sample", t=time.time(), host=host, gpus=gpus, cuda_mem=self.cuda.sample(self._cuda_device),
+            "sample", t=t, host=host, gpus=gpus, cuda_mem=self.cuda.sample(self._cuda_device),
             sampler_cpu_s=round(self.cpu_s, 6), interval_s=self.interval,
         )
+        if sampler is not None:  # the job's own CPU for it is ``sampler_cpu_s``; the reading's was the launcher's
+            msg["sampled_by"] = sampler
         self.agent.publish(msg)
-        self._maybe_model()
+        if sampler is None:
+            self._maybe_model()
 
     def _cuda_device(self) -> int:
         """The CUDA device the model's parameters live on (the sampler thread's own current device is 0)."""
@@ -174,3 +239,4 @@ class Sampler:
         if key != self._model_sent:
             self._model_sent = key
             self.agent.publish(protocol.message("model", **facts))
+

@@ -6,6 +6,11 @@ valid command is answered ``ok=False`` here and goes no further.
 One daemon thread runs a selector loop. Writes never block the caller: each client has a
 bounded outbound buffer; a monitor that does not read (frozen, stopped) has lines dropped
 and counted, and recovers the gap from the recording (lines carry ``seq``).
+
+A client may instead *feed* the agent: the launcher that started the job samples its host and GPU telemetry from
+outside it and sends each reading as a ``sample`` line, so the job runs no sampler of its own. The first such line
+hands the connection over (``on_feed``): it leaves this loop, gets none of the stream and is no monitor; the agent
+reads it at its own ticks, so a reading wakes no thread of the job.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from perfmon import protocol
 from perfmon.messages.commands import Command, CommandError, parse_command
@@ -62,12 +68,16 @@ class Server:
         on_command: Callable[[Command, Callable[[bytes], None]], None],
         lock: threading.Lock,
         on_error: Callable[[str, BaseException], None],
+        on_feed: Callable[[socket.socket, dict[str, Any], bytes], bool] | None = None,
     ) -> None:
+        """``on_feed(sock, first reading, bytes after it)``: takes the connection of a client whose line was a
+        ``sample``, or says False (the connection is closed); None: such lines are refused like any bad line."""
         self.path = path
         self._greeting = greeting
         self._on_command = on_command
         self._lock = lock
         self._on_error = on_error
+        self._on_feed = on_feed
         self._clients: dict[int, _Client] = {}
         self._clients_lock = threading.Lock()
         self._sel = selectors.DefaultSelector()
@@ -248,13 +258,19 @@ class Server:
             line, _, rest = bytes(client.inbuf).partition(b"\n")
             client.inbuf = bytearray(rest)
             self._command(line, client)
+            if fd not in self._clients:  # handed over as a feed
+                return
         if len(client.inbuf) > protocol.MAX_LINE:
             self.bad_lines += 1
             client.inbuf.clear()
 
     def _command(self, line: bytes, client: _Client) -> None:
         try:
-            command = parse_command(protocol.decode(line, allowed=("command",)))
+            msg = protocol.decode(line, allowed=("command", "sample") if self._on_feed else ("command",))
+            if msg["type"] == "sample":
+                self._hand_over(msg, client)
+                return
+            command = parse_command(msg)
         except protocol.DecodeError as exc:
             command = CommandError(str(exc))
         if isinstance(command, CommandError):
@@ -267,6 +283,18 @@ class Server:
             self._reply(client, data)
 
         self._on_command(command, reply)
+
+    def _hand_over(self, msg: dict[str, Any], client: _Client) -> None:
+        """A client that sends a reading is a feed: it leaves this loop for the agent (or is closed)."""
+        with self._clients_lock:
+            self._clients.pop(client.sock.fileno(), None)
+        try:
+            self._sel.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        assert self._on_feed is not None
+        if not self._on_feed(client.sock, msg, bytes(client.inbuf)):
+            _close_quietly(client.sock)
 
     def _reply(self, client: _Client, data: bytes) -> None:
         with self._clients_lock:

@@ -23,26 +23,27 @@ class CpuLimit:
     limit: str | None
 
 
-def usable_cpus(host_cpus: int, root: Path = Path("/")) -> CpuLimit:
-    """The tighter of the affinity mask and the cgroup CPU quota (v2 or v1, this cgroup or any parent)."""
+def usable_cpus(host_cpus: int, root: Path = Path("/"), pid: int | None = None) -> CpuLimit:
+    """The tighter of the affinity mask and the cgroup CPU quota (v2 or v1, this cgroup or any parent) of process
+    ``pid`` (this one by default: a launcher samples its job from outside)."""
     best = CpuLimit(float(host_cpus), None)
-    affinity = _affinity(root)
+    affinity = _affinity(root, pid)
     if affinity is not None and affinity < best.usable:
         best = CpuLimit(float(affinity), f"CPU affinity ({affinity} of {host_cpus} CPUs)")
-    quota = _quota(root)
+    quota = _quota(root, pid)
     if quota is not None and quota < best.usable:
         best = CpuLimit(quota, f"cgroup CPU quota ({quota:g} CPUs)")
     return best
 
 
-def _affinity(root: Path) -> int | None:
+def _affinity(root: Path, pid: int | None = None) -> int | None:
     if root == Path("/"):
         try:
-            return len(os.sched_getaffinity(0))
+            return len(os.sched_getaffinity(pid or 0))
         except (AttributeError, OSError):
             return None
     try:  # a test tree: the mask as /proc/self/status says it
-        for line in (root / "proc/self/status").read_text().splitlines():
+        for line in (root / f"proc/{pid or 'self'}/status").read_text().splitlines():
             if line.startswith("Cpus_allowed_list:"):
                 return _count_list(line.split(":", 1)[1])
     except (OSError, ValueError):
@@ -59,10 +60,10 @@ def _count_list(text: str) -> int:
     return n
 
 
-def _quota(root: Path) -> float | None:
-    """The smallest quota on this process's cgroup path, in CPUs; None where there is none (or no cgroups)."""
+def _quota(root: Path, pid: int | None = None) -> float | None:
+    """The smallest quota on the process's cgroup path, in CPUs; None where there is none (or no cgroups)."""
     try:
-        lines = (root / "proc/self/cgroup").read_text().splitlines()
+        lines = (root / f"proc/{pid or 'self'}/cgroup").read_text().splitlines()
     except OSError:
         return None
     found: list[float] = []

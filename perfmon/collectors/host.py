@@ -45,7 +45,7 @@ class HostSampler:
         self._swap: Any = None  # psutil.swap_memory(), read every SLOW_EVERY samples where /proc/meminfo is not
         self._cpu_times: tuple[int, int] | None = None  # the system's busy and total CPU time so far (/proc/stat)
         self.cpu_count = psutil.cpu_count() or 1
-        self.limit = usable_cpus(self.cpu_count)
+        self.limit = usable_cpus(self.cpu_count, pid=self.proc.pid)
         self._trainer_wait: tuple[float, int] | None = None  # (when, its threads' run-queue wait so far, ns)
         self._cpu_last: tuple[float, float] | None = None  # (when, the trainer's CPU seconds so far)
         self._own_stat()  # primes the CPU counter (psutil's, where /proc/PID/stat cannot be read)

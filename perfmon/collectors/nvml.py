@@ -32,7 +32,7 @@ PROC_QUERY_FAILED = "NVML process list unavailable"
 PROC_NO_BYTES = "NVML gives no per-process memory here (MIG or vGPU?)"
 
 
-def _cuda_initialized() -> bool:
+def cuda_initialized() -> bool:
     """Whether torch has initialised CUDA in this process (so NVML should list it); False without torch."""
     torch = sys.modules.get("torch")
     try:
@@ -177,7 +177,7 @@ class NvmlSampler:
             if listed_elsewhere:
                 return 0, None
             # before torch initialises CUDA there is no context: NVML rightly does not list us yet
-            return None, PROC_NOT_VISIBLE if _cuda_initialized() else PROC_NO_CONTEXT
+            return None, PROC_NOT_VISIBLE if cuda_initialized() else PROC_NO_CONTEXT
         known = [u for u in used if isinstance(u, int) and not isinstance(u, bool)]
         if not known:  # pynvml gives None for NVML_VALUE_NOT_AVAILABLE (MIG, some vGPUs)
             return None, PROC_NO_BYTES

@@ -21,6 +21,7 @@ from typing import Any
 
 from perfmon import paths, protocol
 from perfmon.analysis.state import RunState
+from perfmon.monitor.host_feed import HostFeed
 from perfmon.recording import ends_with_exit, tail_bytes
 
 
@@ -167,6 +168,8 @@ class TrainingProcess:
         #: Where the job's socket and discovery file go (chosen at start); None: no socket at all.
         self.runtime_dir: Path | None = None
         self._private_runtime: Path | None = None  # made for this job alone; removed when it ends
+        #: the job's host and GPU telemetry, read here rather than inside it (None: the job samples for itself)
+        self.host_feed: HostFeed | None = None
 
     @property
     def pid(self) -> int:
@@ -221,6 +224,14 @@ class TrainingProcess:
                    KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"),
                    PERFMON_LAUNCHER_PID=str(os.getpid()))  # while this launcher waits, it writes summary.json
         env.update(self._choose_runtime_dir())
+        interval = _sample_interval(env)
+        # one process we start ourselves and can reach: this launcher samples it (torchrun's ranks sample for
+        # themselves: their pids are not ours to know here)
+        feed = interval > 0 and not self.target.torchrun and self.runtime_dir is not None
+        if feed:
+            env["PERFMON_SAMPLER"] = "launcher"
+        else:
+            env.pop("PERFMON_SAMPLER", None)
         try:
             self.popen = subprocess.Popen(
                 self.target.command(self.python),
@@ -232,6 +243,10 @@ class TrainingProcess:
             raise LaunchError(f"cannot start {self.python}: {exc.strerror or exc}") from None
         finally:
             log.close()
+        if feed:
+            pid = self.popen.pid  # a zombie still "lives" until reaped: its socket is gone by then, and the feed ends
+            self.host_feed = HostFeed(pid, self.socket_path, lambda: self.returncode is None and paths.pid_alive(pid),
+                                      interval).start()
         return self
 
     def poll(self) -> int | None:
@@ -260,6 +275,14 @@ class TrainingProcess:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def _sample_interval(env: dict[str, str]) -> float:
+    """The job's sample interval as its agent will read it (0: no sampling)."""
+    try:
+        return float(env.get("PERFMON_SAMPLE_INTERVAL") or 1.0)
+    except ValueError:
+        return 1.0
 
 
 def exit_status(returncode: int) -> int:

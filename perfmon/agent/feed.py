@@ -1,0 +1,46 @@
+"""The launcher's feed of host and GPU readings, read by the agent's publisher at its own ticks.
+
+The server hands the connection over at its first ``sample`` line; from then on no thread of the job wakes for a
+reading: the publisher, awake anyway for the steps, takes whatever readings came since its last tick.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from perfmon import protocol
+
+
+class FeedReader:
+    """Complete lines from a non-blocking socket, and whether the other end closed it."""
+
+    def __init__(self, sock: socket.socket, pending: bytes = b"") -> None:
+        self.sock = sock
+        self._buf = bytearray(pending)
+        self.closed = False
+
+    def lines(self) -> list[bytes]:
+        """Every complete line that came; ``closed`` is set once the launcher is gone (or sent a line too long)."""
+        while not self.closed:
+            try:
+                chunk = self.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.closed = True
+                break
+            self._buf += chunk
+        *done, rest = bytes(self._buf).split(b"\n")
+        self._buf = bytearray(rest)
+        if len(rest) > protocol.MAX_LINE:
+            self.closed = True
+        return done
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
