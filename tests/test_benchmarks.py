@@ -72,14 +72,19 @@ def test_agent_blocks_starts_and_finishes_whole_agents_in_one_process(env: dict[
 
 
 @pytest.mark.e2e
-def test_agent_threads_names_each_of_perfmons_threads(env: dict[str, str]) -> None:  # noqa: F811
+@pytest.mark.parametrize("mode", ["fed", "self-sampled"])
+def test_agent_threads_names_each_of_perfmons_threads(env: dict[str, str], mode: str) -> None:  # noqa: F811
+    extra = ["--self-sampled"] if mode == "self-sampled" else []
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "agent_threads.py"), "--job", "tiny",
-                          "--seconds", "0.5"], capture_output=True, text=True, timeout=300, check=True,
+                          "--seconds", "0.5", *extra], capture_output=True, text=True, timeout=300, check=True,
                          env=env).stdout
-    assert re.search(r"^job tiny as fast as it goes: \d+ steps in [\d.]+ s \(\d+ steps/s\), monitor connected$",
-                     out, re.M), out
-    for thread in ("MainThread", "perfmon-agent", "perfmon-sampler", "perfmon-server"):
+    said = "sampled by the job" if extra else "sampled by a feed"
+    assert re.search(rf"^job tiny as fast as it goes: \d+ steps in [\d.]+ s \(\d+ steps/s\), monitor connected, "
+                     rf"{said}$", out, re.M), out
+    for thread in ("MainThread", "perfmon-agent", "perfmon-server"):
         assert re.search(rf"^  {thread} +[\d.]+ ms/s +[\d.]+ us/step +[\d.]+ runs/s$", out, re.M), out
+    # fed, the job runs no sampler thread: the launcher's feed (here a process of its own) reads the host
+    assert ("  perfmon-sampler " in out) == (mode == "self-sampled"), out
     assert re.search(r"^  perfmon in all +[\d.]+ ms/s +[\d.]+ us/step$", out, re.M), out
 
 

@@ -212,7 +212,6 @@ class Agent:
         if self.sampler is not None:
             self.sampler.stop()
         self._join_publisher()
-        self.close_feed()
         try:
             if self._flush_lock.acquire(timeout=STALL_S):
                 try:
@@ -223,6 +222,11 @@ class Agent:
                 self.record_error("publisher", TimeoutError(f"publisher stuck for {STALL_S:.0f} s at exit"))
         except Exception as exc:  # noqa: BLE001 - still record the exit
             self.record_error("publisher", exc)
+        try:
+            self._read_feed()  # the readings of the last tick
+        except Exception as exc:  # noqa: BLE001
+            self.record_error("sampler", exc)
+        self.close_feed()
         self._publish_errors()
         self.publish(protocol.message("event", kind="exit", t=time.time(), **exit_info, agent_errors=self.errors))
         self.write_summary()
@@ -430,13 +434,13 @@ class Agent:
                 return
             n = 0
             try:
-                if self.sampler is not None:
-                    self._read_feed()
-                    self.sampler.check_feed()
                 self._poll_cuda()
                 if len(self.events) or self.cuda.pending:  # else a flush has nothing to do (~50 us cold)
                     with self._flush_lock:
                         n = self._flush()
+                if self.sampler is not None:  # after the steps: the readings were taken while they ran
+                    self._read_feed()
+                    self.sampler.check_feed()
                 self._refresh_discovery()
             except Exception as exc:  # noqa: BLE001 - the publisher must survive anything
                 self.record_error("publisher", exc)

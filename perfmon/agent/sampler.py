@@ -119,7 +119,7 @@ class Sampler:
         """Record a reading the launcher sent (the socket's thread), with what only the job can read added.
         False where no feed is wanted (any more), or for a reading that is not one of this job's: a
         ``sample`` without host readings, or with other GPUs than the job sees."""
-        if not self.fed or self._stop.is_set():
+        if not self.fed:
             return False
         t0 = time.thread_time()
         host, gpus, t = msg.get("host"), msg.get("gpus"), msg.get("t")
