@@ -205,6 +205,30 @@ def test_step_instability_periodic_spikes_and_quiet_when_steady():
     assert find(make_state(), "step-instability") is None
 
 
+SCATTERED = {35: 40.0, 52: 40.0, 60: 40.0, 77: 40.0, 91: 40.0}  # no period: 17, 8, 17, 14 steps apart
+PERIODIC = {i: 40.0 for i in range(20, 101, 20)}
+QUIET = {"cpu_percent": 100.0, "cpu_count": 8, "system_cpu_percent": 13.0, "workers": 0}  # others: 0.04 CPUs
+BUSY = {**QUIET, "system_cpu_percent": 40.0}  # others: 2.2 of 8 CPUs
+WAITING = {**QUIET, "trainer_wait_percent": 45.0}  # waits 31% of the CPU time it wants
+
+
+@pytest.mark.parametrize("spikes, host, severity, busy", [
+    (SCATTERED, None, "warn", None),
+    (SCATTERED, QUIET, "warn", None),
+    (SCATTERED, BUSY, "info", "other processes use 2.2 of 8 CPUs"),
+    (SCATTERED, WAITING, "info", "the trainer waits for a CPU 31% of the time"),
+    (PERIODIC, BUSY, "warn", None),  # a period is the loop's own, however busy the host
+], ids=["no host readings", "quiet host", "busy host", "trainer waits for CPUs", "periodic on a busy host"])
+def test_step_instability_says_when_a_busy_host_explains_the_spikes(spikes, host, severity, busy):
+    f = find(make_state(spikes=spikes, host=host), "step-instability")
+    assert f is not None and f.severity == severity
+    if busy:
+        assert "busy host" in f.title and busy in f.title and f.fix.startswith("Likely the host's")
+        assert "other_processes_cpus" in f.evidence and "wait_share" in f.evidence
+    else:
+        assert f.title.startswith("Unstable step time") and "other_processes_cpus" not in f.evidence
+
+
 def test_step_instability_ignores_warmup_and_profiled_steps():
     # a huge first step (compilation) is warm-up, not instability
     assert find(make_state(spikes={1: 5000.0, 2: 3000.0}), "step-instability") is None

@@ -51,6 +51,7 @@ class Config:
     loader_cpu_saturated: float = 0.90
     cpu_wait_warn: float = 0.20  # the trainer's threads wait this share of the CPU time they want
     cpu_wait_critical: float = 0.50
+    busy_host_cpus: float = 0.5  # other processes use this many CPUs: step-time spikes may be the host's
     device_busy_min: float = 0.50
     nvml_util_min: float = 90.0
     syncs_per_step_warn: float = 1.0

@@ -5,6 +5,24 @@ from __future__ import annotations
 import math
 
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
+from perfmon.messages import HostSample
+
+
+def wait_share(h: HostSample) -> float | None:
+    """Of the CPU time the trainer's threads want, the share they sit runnable waiting for a CPU."""
+    wait, cpu = h.trainer_wait_percent, h.cpu_percent
+    if wait is None or cpu is None or cpu + wait <= 0:
+        return None
+    return wait / (cpu + wait)
+
+
+def other_processes_cpus(h: HostSample) -> float | None:
+    """CPUs the host's other processes use: the whole host's CPU less the trainer's and its workers'."""
+    if h.system_cpu_percent is None or h.cpu_percent is None:
+        return None
+    host_cpus = h.cpu_count or 1
+    return max(0.0, h.system_cpu_percent / 100.0 * host_cpus - h.cpu_percent / 100.0
+               - (h.workers_cpu_percent or 0.0) / 100.0)
 
 
 @rule("cpu-contention", "the trainer's threads runnable but waiting for a CPU >= 20% of the CPU time they want "
@@ -13,15 +31,13 @@ from perfmon.analysis.rules.base import Config, Facts, Finding, rule
 def cpu_contention(f: Facts, cfg: Config) -> Finding | None:
     h = f.host
     wait, cpu = h.trainer_wait_percent, h.cpu_percent
-    if wait is None or cpu is None or cpu + wait <= 0:
-        return None
-    share = wait / (cpu + wait)  # of what the trainer's threads want, the part they sit waiting for
-    if share < cfg.cpu_wait_warn:
+    share = wait_share(h)
+    if share is None or wait is None or cpu is None or share < cfg.cpu_wait_warn:
         return None
     host_cpus = h.cpu_count or 1
     usable = min(h.usable_cpus or host_cpus, host_cpus)
-    trainer, workers = cpu / 100.0, (h.workers_cpu_percent or 0.0) / 100.0
-    others = max(0.0, (h.system_cpu_percent or 0.0) / 100.0 * host_cpus - trainer - workers)
+    workers = (h.workers_cpu_percent or 0.0) / 100.0
+    others = other_processes_cpus(h) or 0.0
     free = max(0.0, min(usable, host_cpus - others) - workers)  # the CPUs left for the trainer's own threads
     want = max(1, math.floor(free + 0.25))  # a whole CPU less a reading's noise (1.98 free is 2)
     threads = h.torch_threads

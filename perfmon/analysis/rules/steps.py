@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
+from perfmon.analysis.rules.host_cpu import other_processes_cpus, wait_share
 from perfmon.messages import OptimizerFlags, as_sent
 
 PHASE_ADVICE = {
@@ -28,7 +29,9 @@ def priority(f: Facts, cfg: Config) -> Finding | None:
     )
 
 
-@rule("step-instability", "p99/p50 step time > 2 or periodic spikes > 3x the median, costing >= 10% of the time")
+@rule("step-instability", "p99/p50 step time > 2 or periodic spikes > 3x the median, costing >= 10% of the time; "
+      "info, not warn, when the spikes have no period and the host is busy with other work (other processes use "
+      ">= busy_host_cpus CPUs, or the trainer waits for a CPU >= cpu_wait_warn of the time)")
 def step_instability(f: Facts, cfg: Config) -> Finding | None:
     p50, p99 = f.quantile(0.5), f.quantile(0.99)
     if not p50 or p99 is None:
@@ -44,14 +47,26 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
     if (ratio <= cfg.instability_ratio and not period) or excess < cfg.instability_min_excess:
         return None
     what = f"every {period} steps" if period else f"p99 is {ratio:.1f}x p50"
-    return Finding(
-        "step-instability", "warn", f"Unstable step time: spikes {what}",
-        {"p50_ms": round(p50, 3), "p99_ms": round(p99, 3), "ratio": round(ratio, 2), "spike_steps": spikes[-10:],
-         "period": period},
-        "Find what runs on the spiking steps: checkpoint saves, logging/evaluation every N steps, Python GC "
-        "(gc.freeze() after setup), host syncs (.item()). Move them off the training loop or do them less often.",
-        impact=excess,
-    )
+    evidence = {"p50_ms": round(p50, 3), "p99_ms": round(p99, 3), "ratio": round(ratio, 2),
+                "spike_steps": spikes[-10:], "period": period}
+    fix = ("Find what runs on the spiking steps: checkpoint saves, logging/evaluation every N steps, Python GC "
+           "(gc.freeze() after setup), host syncs (.item()). Move them off the training loop or do them less often.")
+    others, waits = other_processes_cpus(f.host), wait_share(f.host)
+    busy = [f"other processes use {others:.1f} of {f.host.cpu_count or 1} CPUs"] if (
+        others is not None and others >= cfg.busy_host_cpus) else []
+    busy += [f"the trainer waits for a CPU {waits:.0%} of the time"] if (
+        waits is not None and waits >= cfg.cpu_wait_warn) else []
+    if busy and not period:  # a period is the loop's own; scattered spikes on a busy host are likely the host's
+        evidence.update(other_processes_cpus=round(others, 2) if others is not None else None,
+                        wait_share=round(waits, 3) if waits is not None else None)
+        return Finding(
+            "step-instability", "info", f"Uneven step time (p99 {ratio:.1f}x p50) on a busy host: "
+            + " and ".join(busy), evidence,
+            "Likely the host's, not the script's: other work preempts the trainer. Measure on a quiet host (or "
+            "CPUs of its own: taskset, a cgroup) before changing the loop; if the spikes stay there: " + fix[0].lower()
+            + fix[1:], impact=excess,
+        )
+    return Finding("step-instability", "warn", f"Unstable step time: spikes {what}", evidence, fix, impact=excess)
 
 
 #: Where torch's default (foreach=None) picks the foreach implementation (torch.optim's supported devices).
