@@ -180,3 +180,21 @@ def test_perfmon_ls_reads_a_runs_step_count_from_its_recording(tmp_path):
     assert last_step(tmp_path) is None  # no recording
     (run / "events.jsonl").write_bytes(protocol.encode(lines[0]))
     assert last_step(run) is None  # no step yet
+
+
+def test_a_feed_leaves_an_agent_that_takes_none_alone(tmp_path):
+    """An older perfmon in the job (``--python`` another environment) samples for itself and would refuse every
+    reading: its hello, which does not name its threads, is enough to tell."""
+    path = tmp_path / "old.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    with listener:
+        feed = HostFeed(os.getpid(), path, lambda: True, interval=0.05).start()
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(protocol.encode(protocol.message("hello", pid=os.getpid(), gpus=[], live_seq=0)))
+            wait_until(lambda: feed.ended, "the feed to give up")
+            conn.settimeout(DEADLINE)
+            assert conn.recv(65536) == b""  # it sent nothing, and closed
+    assert "takes no feed" in feed.ended and feed.sent == 0

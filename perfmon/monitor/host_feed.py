@@ -74,7 +74,9 @@ class HostFeed:
             return None
         with sock:
             hello = _greeting(sock)
-            threads = {int(t) for t in hello.get("agent_threads") or () if isinstance(t, int)}
+            if not isinstance(hello.get("agent_threads"), list):  # what an agent that takes a feed says first
+                return "the job's agent takes no feed (an older perfmon): it samples for itself"
+            threads = {int(t) for t in hello["agent_threads"] if isinstance(t, int)}
             host = HostSampler(self.pid, lambda: threads)
             nvml = NvmlSampler(self.nvml_backend, pid=self.pid)
             nvml.open()
