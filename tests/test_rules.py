@@ -7,6 +7,7 @@ from fake_nvml import GIB
 
 from perfmon import protocol
 from perfmon.analysis.rules import REGISTRY, Config, Engine, evaluate_once
+from perfmon.analysis.rules.steps import spike_period
 from perfmon.analysis.state import RunState
 
 FIELDS = list(protocol.STEP_FIELDS)
@@ -382,3 +383,15 @@ def test_config_wrong_types_are_refused_not_silently_disabling(tmp_path, text, e
     path.write_text(text + "\n")
     with pytest.raises(ValueError, match=error):
         Config.from_toml(path)
+
+
+@pytest.mark.parametrize("spikes, expected", [
+    (list(range(45, 301, 15)), 15),  # a checkpoint every 15 steps
+    (sorted(set(range(45, 301, 15)) | {50, 51, 97, 133, 170, 171, 172, 250}), 15),  # and a busy host's slow steps
+    (sorted(set(range(45, 301, 15)) - {105}), 15),  # one save that was fast
+    ([35, 52, 60, 77, 91], None),  # scattered
+    ([40, 41, 42, 43], None),  # one slow stretch is not a period
+    ([45, 60], None),  # two are not enough
+], ids=["exact", "with noise between", "one missed", "scattered", "a stretch", "two"])
+def test_spike_period_survives_a_busy_hosts_slow_steps(spikes, expected):
+    assert spike_period(spikes, list(range(31, 301))) == expected

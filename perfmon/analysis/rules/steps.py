@@ -37,11 +37,7 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
     if not p50 or p99 is None:
         return None
     spikes = [s.i for s in f.steps if s.dur > cfg.spike_ratio * p50]
-    period = None
-    if len(spikes) >= 3:
-        gaps = {b - a for a, b in zip(spikes, spikes[1:], strict=False)}
-        if len(gaps) == 1 and min(gaps) >= 2:  # consecutive slow steps are not a period
-            period = gaps.pop()
+    period = spike_period(spikes, [s.i for s in f.steps])
     ratio = p99 / p50
     excess = sum(max(0.0, s.dur - p50) for s in f.steps) / max(1e-9, sum(s.dur for s in f.steps))
     if (ratio <= cfg.instability_ratio and not period) or excess < cfg.instability_min_excess:
@@ -67,6 +63,23 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
             + fix[1:], impact=excess,
         )
     return Finding("step-instability", "warn", f"Unstable step time: spikes {what}", evidence, fix, impact=excess)
+
+
+def spike_period(spikes: list[int], steps: list[int], coverage: float = 0.8) -> int | None:
+    """The smallest period (>= 2 steps) such that the slow steps fall on nearly every step of one residue, at least
+    three times: a checkpoint every N steps stays periodic when a busy host adds slow steps of its own between them.
+    Candidates are the distances from each slow step to the next few."""
+    if len(spikes) < 3:
+        return None
+    spiked, window = set(spikes), set(steps)
+    candidates = sorted({b - a for k, a in enumerate(spikes) for b in spikes[k + 1 : k + 5] if b - a >= 2})
+    for gap in candidates:
+        for residue in {i % gap for i in spikes}:
+            due = [i for i in window if i % gap == residue]
+            hits = sum(i in spiked for i in due)
+            if hits >= 3 and hits >= coverage * len(due):
+                return gap
+    return None
 
 
 #: Where torch's default (foreach=None) picks the foreach implementation (torch.optim's supported devices).
