@@ -151,6 +151,7 @@ class Sampler:
             if not self.fed or self._stop.is_set():
                 return
             self.fed = False
+            self.host = HostSampler(self.agent.pid, _perfmon_threads)  # its CPU % from now, not from the start
             self._start_thread()
         self.agent.close_feed()
 
@@ -239,4 +240,3 @@ class Sampler:
         if key != self._model_sent:
             self._model_sent = key
             self.agent.publish(protocol.message("model", **facts))
-
