@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from perfmon import __version__
+from perfmon import __version__, paths
 
 SUBCOMMANDS = ("report", "ls", "attach", "replay", "serve")
 
@@ -172,7 +172,7 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
         _run_parser().error("--profile-every must be >= 1")
     if args.sample_interval <= 0:
         _run_parser().error("--sample-interval must be positive")
-    env = {"PERFMON_SAMPLE_INTERVAL": str(args.sample_interval), "PERFMON_PROFILE_SCHEDULE": args.profile_schedule}
+    env = {paths.SAMPLE_INTERVAL_ENV: str(args.sample_interval), "PERFMON_PROFILE_SCHEDULE": args.profile_schedule}
     if args.profile_every:
         env["PERFMON_PROFILE_EVERY"] = str(args.profile_every)
     if args.profile_interval:

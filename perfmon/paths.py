@@ -6,6 +6,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 #: What to do about an unusable runtime dir, for the one line that reports it.
@@ -141,6 +142,15 @@ def default_run_dir(target: str, root: Path | None = None, now: float | None = N
 
 #: Set by ``perfmon torchrun``: the job's workers record in ``RUN/rank-K/`` even when there is one of them.
 RANKS_ENV = "PERFMON_RANKS"
+SAMPLE_INTERVAL_ENV = "PERFMON_SAMPLE_INTERVAL"
+
+
+def sample_interval(env: Mapping[str, str]) -> float:
+    """The job's telemetry interval in seconds as the launcher passes it (0: no sampling; default 1)."""
+    try:
+        return float(env.get(SAMPLE_INTERVAL_ENV) or 1.0)
+    except ValueError:
+        return 1.0
 RANK_DIR_PREFIX = "rank-"
 
 

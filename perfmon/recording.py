@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import paths, protocol
+from perfmon.messages.steps import parse_steps
 from perfmon.tail import Tail
 
 
@@ -92,14 +93,11 @@ def last_step(run_dir: Path) -> int | None:
         if b'"steps"' not in line:
             continue
         try:
-            msg = protocol.decode(line, allowed=("steps",))
+            rows = parse_steps(protocol.decode(line, allowed=("steps",)), None)
         except protocol.DecodeError:
             continue
-        rows = msg.get("rows")
-        if isinstance(rows, list) and rows and isinstance(rows[-1], list) and rows[-1]:
-            index = rows[-1][0]
-            if isinstance(index, int) and not isinstance(index, bool):
-                return index
+        if rows.i:
+            return rows.i[-1]
     return None
 
 

@@ -7,31 +7,18 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import fake_nvml
 import pytest
+from test_e2e import DEADLINE, wait_for
 
 from perfmon import protocol
 from perfmon.agent import sampler as sampler_mod
 from perfmon.agent.runtime import Agent
 from perfmon.monitor.host_feed import HostFeed
 from perfmon.recording import last_step
-
-DEADLINE = 60.0  # generous: a loaded CI host; each wait returns as soon as its condition holds
-
-
-def wait_until(cond: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def samples(run_dir: Path) -> list[dict[str, Any]]:
@@ -65,7 +52,7 @@ def test_the_job_records_the_launchers_readings_and_runs_no_sampler_of_its_own(f
     assert not sampler_threads()
     feed = feed_for(fed_agent)
     try:
-        wait_until(lambda: feed.sent >= 3 and len(samples(fed_agent.run_dir)) >= 3, "three fed readings")
+        wait_for(lambda: feed.sent >= 3 and len(samples(fed_agent.run_dir)) >= 3, "three fed readings")
         got = samples(fed_agent.run_dir)
         assert all(s["sampled_by"] == "launcher" for s in got)
         assert got[-1]["host"]["rss_bytes"] > 0 and got[-1]["host"]["threads"] >= 2
@@ -79,10 +66,10 @@ def test_the_job_records_the_launchers_readings_and_runs_no_sampler_of_its_own(f
 
 def test_when_the_feed_goes_away_the_job_samples_for_itself(fed_agent):
     feed = feed_for(fed_agent)
-    wait_until(lambda: samples(fed_agent.run_dir), "a fed reading")
+    wait_for(lambda: samples(fed_agent.run_dir), "a fed reading")
     feed.stop()  # its connection closes, as when the launcher is killed
-    wait_until(lambda: not fed_agent.sampler.fed, "the job to take over")
-    wait_until(lambda: any("sampled_by" not in s for s in samples(fed_agent.run_dir)), "the job's own reading")
+    wait_for(lambda: not fed_agent.sampler.fed, "the job to take over")
+    wait_for(lambda: any("sampled_by" not in s for s in samples(fed_agent.run_dir)), "the job's own reading")
     assert len(sampler_threads()) == 1
 
 
@@ -92,7 +79,7 @@ def test_a_job_that_no_launcher_feeds_samples_for_itself(tmp_path, monkeypatch):
     agent = Agent(tmp_path / "run", {"script": "train.py"}, tick=0.05, sample_interval=0.1, fed=True)
     agent.start()
     try:
-        wait_until(lambda: samples(agent.run_dir), "the job's own reading")
+        wait_for(lambda: samples(agent.run_dir), "the job's own reading")
         assert "sampled_by" not in samples(agent.run_dir)[0]
     finally:
         agent.finish({"code": 0})
@@ -127,24 +114,24 @@ def test_a_feed_that_sends_what_cannot_be_used_is_closed_and_the_job_samples_for
     sock = connect(fed_agent)
     with sock:
         sock.sendall(a_reading())
-        wait_until(lambda: samples(fed_agent.run_dir), "the first reading")
+        wait_for(lambda: samples(fed_agent.run_dir), "the first reading")
         sock.sendall(bad)
         assert closed_by_peer(sock)
-    wait_until(lambda: not fed_agent.sampler.fed, "the job to take over")
+    wait_for(lambda: not fed_agent.sampler.fed, "the job to take over")
     assert [s.get("sampled_by") for s in samples(fed_agent.run_dir)][0] == "launcher"
-    wait_until(lambda: samples(fed_agent.run_dir)[-1].get("sampled_by") is None, "the job's own reading")
+    wait_for(lambda: samples(fed_agent.run_dir)[-1].get("sampled_by") is None, "the job's own reading")
 
 
 def test_a_second_feed_is_refused_while_the_first_one_feeds(fed_agent):
     first = connect(fed_agent)
     with first:
         first.sendall(a_reading())
-        wait_until(lambda: samples(fed_agent.run_dir), "the first feed's reading")
+        wait_for(lambda: samples(fed_agent.run_dir), "the first feed's reading")
         with connect(fed_agent) as second:
             second.sendall(a_reading(host={"cpu_percent": 99.0}))
             assert closed_by_peer(second)
         first.sendall(a_reading(host={"cpu_percent": 51.0}))
-        wait_until(lambda: len(samples(fed_agent.run_dir)) >= 2, "the first feed's next reading")
+        wait_for(lambda: len(samples(fed_agent.run_dir)) >= 2, "the first feed's next reading")
     assert [s["host"]["cpu_percent"] for s in samples(fed_agent.run_dir)][:2] == [50.0, 51.0]
 
 
@@ -158,10 +145,10 @@ def test_readings_of_other_gpus_than_the_jobs_are_refused(tmp_path, monkeypatch)
         feed = HostFeed(os.getpid(), agent.server.path, lambda: True, interval=0.1,
                         nvml_backend=fake_nvml.FakeNvml([fake_nvml.h100()]))
         feed.start()
-        wait_until(lambda: feed.ended, "the feed to give up")
+        wait_for(lambda: feed.ended, "the feed to give up")
         assert "other GPUs" in feed.ended
-        wait_until(lambda: not agent.sampler.fed, "the job to take over")
-        wait_until(lambda: samples(agent.run_dir), "the job's own reading")
+        wait_for(lambda: not agent.sampler.fed, "the job to take over")
+        wait_for(lambda: samples(agent.run_dir), "the job's own reading")
         assert all("sampled_by" not in s for s in samples(agent.run_dir))
     finally:
         agent.finish({"code": 0})
@@ -194,7 +181,7 @@ def test_a_feed_leaves_an_agent_that_takes_none_alone(tmp_path):
         conn, _ = listener.accept()
         with conn:
             conn.sendall(protocol.encode(protocol.message("hello", pid=os.getpid(), gpus=[], live_seq=0)))
-            wait_until(lambda: feed.ended, "the feed to give up")
+            wait_for(lambda: feed.ended, "the feed to give up")
             conn.settimeout(DEADLINE)
             assert conn.recv(65536) == b""  # it sent nothing, and closed
     assert "takes no feed" in feed.ended and feed.sent == 0

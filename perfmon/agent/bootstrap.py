@@ -72,7 +72,7 @@ def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | N
     """Create and start the agent; returns None (and says why) if it cannot start."""
     try:
         run_dir = _run_dir(target)
-        interval = float(os.environ.get("PERFMON_SAMPLE_INTERVAL") or 1.0)
+        interval = paths.sample_interval(os.environ)
         # the launcher that started this process samples the host and GPUs from outside it and sends the readings
         fed = os.environ.get("PERFMON_SAMPLER") == "launcher" and os.environ.get("PERFMON_LAUNCHER_PID") == str(
             os.getppid())

@@ -86,7 +86,7 @@ class Agent:
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()  # one flush at a time: the publisher's, or the final one at exit
         self._deferred: list[tuple[int, Callable[[], None]]] = []  # (thread, what): run when its publish returns
-        self._discovery_said: tuple[int, int] = (0, 0)  # steps, monitors in the discovery file
+        self._discovery_monitors = 0  # monitors the discovery file says
         self._discovery_at = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -330,10 +330,11 @@ class Agent:
             self._run_deferred()
 
     def _greeting(self) -> bytes:
+        from perfmon.agent.sampler import perfmon_threads
+
         # agent_threads: perfmon's threads here, which a launcher sampling the job from outside does not count
         # as the trainer's when it reads their CPU wait
-        hello = protocol.message("hello", **self.meta, live_seq=self._seq, agent_threads=sorted(
-            t.native_id for t in threading.enumerate() if t.name.startswith("perfmon") and t.native_id))
+        hello = protocol.message("hello", **self.meta, live_seq=self._seq, agent_threads=sorted(perfmon_threads()))
         return protocol.encode(hello)
 
     def _on_feed(self, sock: socket.socket, first: dict[str, Any], pending: bytes) -> bool:
@@ -582,15 +583,13 @@ class Agent:
         if server is None:
             return
         now = time.monotonic()
-        current = (self.tracker.count, server.client_count)
-        said = self._discovery_said
-        if current[1] != said[1] and now - self._discovery_at >= 1.0:
+        if server.client_count != self._discovery_monitors and now - self._discovery_at >= 1.0:
             self._discovery_at = now
             self._write_discovery()
 
     def _write_discovery(self) -> None:
         server = self.server
-        self._discovery_said = (self.tracker.count, server.client_count if server is not None else 0)
+        self._discovery_monitors = server.client_count if server is not None else 0
         info = {
             "pid": self.pid, "script": self.meta.get("script"), "argv": self.meta.get("argv"),
             "start": self.meta.get("start"), "rank": self.meta.get("rank"),
@@ -599,7 +598,7 @@ class Agent:
             and self.run_dir.name.startswith(paths.RANK_DIR_PREFIX) else None,
             "socket": str(paths.socket_path(self.pid)), "run_dir": str(self.run_dir),
             "protocol": protocol.VERSION, "host": socket.gethostname(),
-            "steps": self._discovery_said[0], "monitors": self._discovery_said[1], "updated": time.time(),
+            "steps": self.tracker.count, "monitors": self._discovery_monitors, "updated": time.time(),
         }
         path = paths.discovery_path(self.pid)
         tmp = path.with_suffix(".tmp")

@@ -69,7 +69,7 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
     }
 
 
-def _perfmon_threads() -> set[int]:
+def perfmon_threads() -> set[int]:
     """perfmon's own threads in the job: not the trainer's when its CPU wait is read."""
     return {t.native_id for t in threading.enumerate() if t.name.startswith("perfmon") and t.native_id}
 
@@ -95,7 +95,7 @@ class Sampler:
         self._fed_last: float | None = None
         self.interval = interval
         self.nvml = NvmlSampler(nvml_backend, pid=agent.pid)
-        self.host = HostSampler(agent.pid, _perfmon_threads)
+        self.host = HostSampler(agent.pid, perfmon_threads)
         self.cuda = CudaMemorySampler(window_peaks=agent.meta.get("window_peaks", True))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -151,7 +151,7 @@ class Sampler:
             if not self.fed or self._stop.is_set():
                 return
             self.fed = False
-            self.host = HostSampler(self.agent.pid, _perfmon_threads)  # its CPU % from now, not from the start
+            self.host = HostSampler(self.agent.pid, perfmon_threads)  # its CPU % from now, not from the start
             self._start_thread()
         self.agent.close_feed()
 

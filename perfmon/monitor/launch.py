@@ -224,7 +224,7 @@ class TrainingProcess:
                    KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"),
                    PERFMON_LAUNCHER_PID=str(os.getpid()))  # while this launcher waits, it writes summary.json
         env.update(self._choose_runtime_dir())
-        interval = _sample_interval(env)
+        interval = paths.sample_interval(env)
         # one process we start ourselves and can reach: this launcher samples it (torchrun's ranks sample for
         # themselves: their pids are not ours to know here)
         feed = interval > 0 and not self.target.torchrun and self.runtime_dir is not None
@@ -275,14 +275,6 @@ class TrainingProcess:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def _sample_interval(env: dict[str, str]) -> float:
-    """The job's sample interval as its agent will read it (0: no sampling)."""
-    try:
-        return float(env.get("PERFMON_SAMPLE_INTERVAL") or 1.0)
-    except ValueError:
-        return 1.0
 
 
 def exit_status(returncode: int) -> int:
