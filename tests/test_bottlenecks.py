@@ -68,10 +68,13 @@ def test_healthy_run_raises_no_warning(tmp_path):
     # default sampling: 20 Hz sampling on 2 cores jitters the very step times this test wants quiet
     data = run(tmp_path, "healthy", sample_interval="1", host_rules=True)
     problems = {f["id"] for f in data["findings"] if f["severity"] != "info"}
+    infos = [f for f in data["findings"] if f["severity"] == "info"]
     if other_processes_cpus(tmp_path / "healthy") >= 0.5:  # the host's doing, measured: the steps' jitter too
         problems -= {"cpu-contention", "step-instability"}
+        # the rule itself says so: uneven steps on a busy host are info, titled with what keeps the host busy
+        infos = [f for f in infos if not (f["id"] == "step-instability" and "busy host" in f["title"])]
     assert problems == set(), data["findings"]
-    assert [f["id"] for f in data["findings"] if f["severity"] == "info"] == ["priority"]
+    assert [f["id"] for f in infos] == ["priority"], data["findings"]
 
 
 def test_headless_prints_findings_as_they_appear(tmp_path):
