@@ -152,6 +152,9 @@ def sample_interval(env: Mapping[str, str]) -> float:
     except ValueError:
         return 1.0
 RANK_DIR_PREFIX = "rank-"
+#: What a launched script writes, in its run dir: its stdout, and its stderr (each its own, as without perfmon).
+OUTPUT_LOG = "output.log"
+STDERR_LOG = "stderr.log"
 
 
 def _env_int(env: dict[str, str] | os._Environ[str], name: str) -> int | None:

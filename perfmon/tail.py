@@ -1,4 +1,4 @@
-"""Following a growing file: the recording (``events.jsonl``) and the script's ``output.log``.
+"""Following a growing file: the recording (``events.jsonl``) and the script's ``output.log`` and ``stderr.log``.
 
 One reader for all of them: new bytes, or new complete lines, since the last read. A partial last
 line waits for its end; a file that shrank or was replaced is read again from its start; a cap

@@ -106,7 +106,10 @@ def test_a_failing_rank_takes_the_job_down_and_is_named(tmp_path, env):  # noqa:
     res = under_perfmon(tmp_path / "run", args, env)
     assert without.returncode != 0
     assert res.returncode == without.returncode, res.stderr[-3000:]
-    assert "RuntimeError: rank 1 failed at step 5" in res.stdout  # the rank's own traceback, as torchrun shows it
+    # the rank's own traceback, where torchrun shows it (its stderr), and not on stdout
+    assert "RuntimeError: rank 1 failed at step 5" in without.stderr and "failed at step" not in without.stdout
+    raised = 'raise RuntimeError(f"rank {rank} failed at step {steps}")'
+    assert raised in without.stderr and raised in res.stderr and "failed at step" not in res.stdout
     summary = report(tmp_path / "run", env)
     assert summary["failed_rank"]["rank"] == 1
     assert "RuntimeError: rank 1 failed at step 5" in summary["failed_rank"]["exception"]

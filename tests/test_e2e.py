@@ -217,6 +217,31 @@ def test_script_stdout_passes_through_and_is_logged(dl_run):
     assert "[perfmon]" not in res.stdout  # status lines go to stderr only
 
 
+STREAMS_SCRIPT = """
+import sys, warnings
+for i in range(3):
+    print(f"out {i}")
+    print(f"err {i}", file=sys.stderr)
+warnings.warn("a warning")
+sys.stdout.write("no newline at the end")
+"""
+
+
+def test_script_stdout_and_stderr_stay_apart(env, tmp_path):
+    """As under plain python: ``perfmon --headless train.py > log`` has only the script's stdout in log; its
+    stderr (warnings, tracebacks, progress bars) comes on perfmon's stderr, beside perfmon's own lines."""
+    script = tmp_path / "streams.py"
+    script.write_text(STREAMS_SCRIPT)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    run = tmp_path / "run"
+    res = headless(run, str(script), env=env)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == (run / "output.log").read_text()
+    assert plain.stderr and (run / "stderr.log").read_text() == plain.stderr
+    theirs = [line for line in res.stderr.splitlines() if line in plain.stderr.splitlines()]
+    assert theirs == plain.stderr.splitlines(), res.stderr  # every line, in order
+
+
 def test_headless_status_line_on_stderr(dl_run):
     res = dl_run[1]
     status = [line for line in res.stderr.splitlines() if line.startswith("[perfmon] ")]
@@ -412,10 +437,11 @@ def test_crash_exit_1_with_exception_and_traceback(env, tmp_path):
     assert rep["exit_code"] == 1 and rep["complete"] is True
     assert "ValueError: boom" in rep["exception"]
     assert rep["steps"] == 5
-    log = (run / "output.log").read_text()
-    for text in (log, res.stdout):
+    log = (run / "stderr.log").read_text()
+    for text in (log, res.stderr):  # stderr, as without perfmon: a log of stdout alone holds no traceback
         assert "Traceback (most recent call last)" in text and "ValueError: boom" in text
         assert 'raise ValueError("boom")' in text
+    assert "Traceback" not in res.stdout and "Traceback" not in (run / "output.log").read_text()
 
 
 def _traceback(text: str) -> str:
@@ -430,7 +456,7 @@ def test_crash_traceback_is_the_one_plain_python_prints(env, tmp_path):
     assert plain.returncode == 1
     run = tmp_path / "run"
     headless(run, "demos/loops/crash.py", env=env)
-    tb = _traceback((run / "output.log").read_text())
+    tb = _traceback((run / "stderr.log").read_text())
     # Only the script's own frames: no agent or runpy frame. Checked by file name, not by looking for the
     # word "perfmon", which is in every path when the checkout itself is named perfmon (git clone's default).
     frames = re.findall(r'^  File "([^"]+)"', tb, re.M)
@@ -488,7 +514,7 @@ def test_ctrl_c_on_perfmon_stops_the_job_like_python(background, env, tmp_path):
     assert bg.wait() == 130, bg.stderr
     rep = report(run, env)
     assert rep["signal"] == "SIGINT" and rep["exit_code"] == 130 and rep["steps"] == 3
-    assert "KeyboardInterrupt" in (run / "output.log").read_text()
+    assert "KeyboardInterrupt" in (run / "stderr.log").read_text()
 
 
 def test_monitor_killed_training_goes_on_and_recording_completes(background, env, tmp_path):
@@ -579,7 +605,7 @@ def test_syntax_error_is_one_status_line_and_no_step_table(env, tmp_path):
     status = [line for line in res.stderr.splitlines() if line.strip().startswith("status")]
     assert status == ["  status    failed: SyntaxError (syn.py line 2)"], res.stderr
     assert "no training steps seen" in res.stderr and "mean ms" not in res.stderr
-    assert "SyntaxError: '(' was never closed" in (run / "output.log").read_text()  # the full text stays
+    assert "SyntaxError: '(' was never closed" in (run / "stderr.log").read_text()  # the full text stays
 
 
 def test_report_accepts_the_recording_file_itself(dl_run, env):

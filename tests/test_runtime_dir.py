@@ -210,7 +210,7 @@ def test_headless_run_under_an_unsafe_runtime_dir(base, tmp_path, make, problem)
     assert len(lines) == 1, res.stderr
     assert lines[0].startswith(f"perfmon: runtime dir {rt} {problem}") and "not using it" in lines[0]
     assert "PERFMON_RUNTIME_DIR" in lines[0]
-    assert "Traceback" not in res.stderr and "Traceback" not in (run / "output.log").read_text()
+    assert "Traceback" not in res.stderr and "Traceback" not in (run / "stderr.log").read_text()
     assert "[perfmon] warning" not in res.stderr  # the agent had a safe dir: no socket error either
     assert _steps_recorded(run) == 5
     assert sorted(p.name for p in base.rglob("*")) == before  # nothing created in or through the unsafe dir

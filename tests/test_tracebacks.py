@@ -32,7 +32,7 @@ def test_dataset_error_traceback_has_no_perfmon_frame(env, tmp_path):
     run = tmp_path / "run"
     res = headless(run, script, env=env)
     assert res.returncode == 1
-    tb = _traceback((run / "output.log").read_text())
+    tb = _traceback((run / "stderr.log").read_text())
     frames = re.findall(r'^  File "([^"]+)"', tb, re.M)
     assert not any(Path(f).parent.name == "agent" and Path(f).name == "hooks.py" for f in frames), tb
     assert tb == _traceback(plain.stderr)

@@ -146,6 +146,9 @@ async def test_log_follows_growing_output(tmp_path: Path) -> None:
             f.write("epoch 2 starts\nhalf a li")
         await wait_until(pilot, lambda: "epoch 2 starts" in log.lines)
         assert "half a li" not in log.lines
+        with open(app.run_dir / "stderr.log", "a") as f:  # the script's stderr, a file of its own: shown too
+            f.write("train.py:12: UserWarning: slow loader\n")
+        await wait_until(pilot, lambda: "train.py:12: UserWarning: slow loader" in log.lines)
         app.process.end(0)
         await wait_until(pilot, lambda: "half a li" in log.lines)  # flushed once the job is over
 
@@ -158,7 +161,7 @@ async def test_failed_run_shows_exception(tmp_path: Path) -> None:
         assert "failed: ValueError, exit 1" in text
         assert "✘ ValueError: boom  at train.py:37 in main" in text
         assert app.query_one(LogPanel).has_class("-failed")
-        assert 'raise ValueError("boom")' in text  # the traceback, from output.log
+        assert 'raise ValueError("boom")' in text  # the traceback, from a combined output.log (older runs)
 
 
 async def test_ok_run_has_no_exception_banner(tmp_path: Path) -> None:

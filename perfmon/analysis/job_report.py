@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from perfmon import paths
 from perfmon.analysis.job import JobState, RankRow, load_job, rank_rows, slowest
 from perfmon.analysis.report import (
     _fmt_ms,
@@ -134,7 +135,7 @@ def format_job_summary(job: JobState, summary: dict[str, Any]) -> str:
     failed = s.get("failed_rank")
     if failed:
         lines += ["", f"  rank {failed['rank']} failed: {failed['exception'] or failed['signal'] or failed['exit_code']}",
-                  f"  its output and traceback: {Path(s['run_dir']) / 'output.log'}"]
+                  f"  its traceback: {Path(s['run_dir']) / paths.STDERR_LOG}"]
     if s["findings"]:
         lines += ["", "  findings"]
         for f in s["findings"]:
@@ -159,7 +160,6 @@ def wait_for_ranks(run_dir: Path, timeout: float, poll: float = 1.0) -> None:
     """Until every rank's recording ends with its exit (or its process is gone), at most ``timeout`` s."""
     import time
 
-    from perfmon import paths
     from perfmon.recording import recording_ended
 
     deadline = time.monotonic() + timeout

@@ -6,6 +6,7 @@ import sys
 import threading
 from typing import Any
 
+from perfmon import paths
 from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
 from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording
@@ -13,12 +14,14 @@ from perfmon.monitor.sources import connect
 
 
 def _early_exit(proc: TrainingProcess) -> int:
-    """The job ended before the agent listened: show its output and pass its status on."""
+    """The job ended before the agent listened: show its stdout and stderr (each on ours) and pass its status on."""
     returncode = proc.wait()
-    try:
-        sys.stderr.write((proc.run_dir / "output.log").read_text(errors="replace")[-20000:])
-    except OSError:
-        pass
+    for name, stream in ((paths.OUTPUT_LOG, sys.stdout), (paths.STDERR_LOG, sys.stderr)):
+        try:
+            stream.write((proc.run_dir / name).read_text(errors="replace")[-20000:])
+            stream.flush()
+        except OSError:
+            pass
     return exit_status(returncode)
 
 
@@ -44,7 +47,7 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
         print(
             f"perfmon: detached; training continues as pid {proc.pid}\n"
             f"  come back: perfmon attach {proc.pid}\n"
-            f"  output:    {proc.run_dir / 'output.log'}\n"
+            f"  output:    {proc.run_dir / paths.OUTPUT_LOG}, {paths.STDERR_LOG}\n"
             f"  recording: {proc.run_dir / 'events.jsonl'}  (perfmon report {proc.run_dir})",
             file=sys.stderr,
         )
@@ -100,7 +103,7 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
     if outcome == "detached" and proc.alive():
         print(f"perfmon: detached; the job continues (torchrun pid {proc.pid})\n"
               f"  come back: perfmon attach {proc.run_dir}\n"
-              f"  output:    {proc.run_dir / 'output.log'}\n"
+              f"  output:    {proc.run_dir / paths.OUTPUT_LOG}, {paths.STDERR_LOG}\n"
               f"  recording: {proc.run_dir}/rank-*/events.jsonl  (perfmon report {proc.run_dir})", file=sys.stderr)
         return 0
     if outcome == "stopped" and proc.alive():

@@ -1,7 +1,7 @@
 """``perfmon --headless``: what nohup, Slurm and CI logs hold.
 
-The script's output passes through to stdout as it comes, a status line goes to stderr
-every ``interval`` seconds, and a summary table at exit. Same state, same numbers as the
+The script's stdout passes through to stdout and its stderr to stderr as they come, a status line
+goes to stderr every ``interval`` seconds, and a summary table at exit. Same state, same numbers as the
 dashboard.
 """
 
@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from perfmon import paths
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
@@ -42,6 +43,18 @@ class LogTail:
         return len(data)
 
 
+class ScriptOutput:
+    """The launched script's stdout and stderr (``RUN/output.log``, ``RUN/stderr.log``), each copied to ours."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.tails = (LogTail(run_dir / paths.OUTPUT_LOG, sys.stdout.buffer),
+                      LogTail(run_dir / paths.STDERR_LOG, sys.stderr.buffer))
+
+    def pump(self) -> int:
+        """Copy what each stream wrote since the last call; returns the bytes copied."""
+        return sum(tail.pump() for tail in self.tails)
+
+
 def follow(source: Source, state: RunState, lock: threading.Lock) -> threading.Thread:
     """Fold ``source`` into ``state`` on a daemon thread."""
 
@@ -67,7 +80,7 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
     warned = 0
     said_wandb = False
     lock = threading.Lock()
-    tail = LogTail(proc.run_dir / "output.log", sys.stdout.buffer)
+    tail = ScriptOutput(proc.run_dir)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def forward(signum: int, frame: Any) -> None:

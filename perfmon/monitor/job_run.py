@@ -15,7 +15,7 @@ from perfmon.analysis.job import JobState, load_job, rank_rows
 from perfmon.analysis.job_report import format_job_summary, job_status_line, write_job_summaries
 from perfmon.analysis.report import ReportError
 from perfmon.analysis.rules import Config, evaluate_job
-from perfmon.monitor.headless import LogTail
+from perfmon.monitor.headless import ScriptOutput
 from perfmon.monitor.job_source import JobSource
 from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording
 
@@ -77,13 +77,13 @@ def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | 
 
 def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None,
                      exports: Any = None) -> int:
-    """``perfmon --headless torchrun ...``: torchrun's output on stdout, the job's status lines and new job
+    """``perfmon --headless torchrun ...``: torchrun's stdout and stderr on ours, the job's status lines and new job
     findings on stderr, the job summary at the end."""
     err = err or sys.stderr
     cfg = rules or Config()
     job = JobState()
     lock = threading.Lock()
-    tail = LogTail(proc.run_dir / "output.log", sys.stdout.buffer)
+    tail = ScriptOutput(proc.run_dir)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     said: set[tuple[str, Any]] = set()
 
@@ -139,7 +139,7 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             if summary is not None:
                 print(format_job_summary(job, summary), file=err, flush=True)
             else:
-                print(f"perfmon: no rank recorded anything (see {proc.run_dir / 'output.log'})", file=err, flush=True)
+                print(f"perfmon: no rank recorded anything (see {proc.run_dir / paths.STDERR_LOG})", file=err, flush=True)
         return exit_status(returncode)
     finally:
         for s, handler in previous.items():

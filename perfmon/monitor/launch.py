@@ -1,7 +1,7 @@
 """Starting the training process under the agent, and ending it on the user's word.
 
-The job runs in its own session (a terminal hang-up does not reach it), stdout and stderr
-go to ``RUN/output.log``, stdin is /dev/null. The monitor is only a reader: if it dies,
+The job runs in its own session (a terminal hang-up does not reach it), its stdout goes to
+``RUN/output.log`` and its stderr to ``RUN/stderr.log``, stdin is /dev/null. The monitor is only a reader: if it dies,
 the job goes on and its recording stays complete.
 """
 
@@ -217,7 +217,12 @@ class TrainingProcess:
             raise LaunchError(f"run dir {self.run_dir} already holds a recording; choose another --run-dir")
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            log = open(self.run_dir / "output.log", "ab")
+            log = open(self.run_dir / paths.OUTPUT_LOG, "ab")
+            try:
+                errlog = open(self.run_dir / paths.STDERR_LOG, "ab")
+            except OSError:
+                log.close()
+                raise
         except OSError as exc:
             raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
         env = dict(os.environ, **self.extra_env, PERFMON_RUN_DIR=str(self.run_dir.resolve()),
@@ -235,7 +240,7 @@ class TrainingProcess:
         try:
             self.popen = subprocess.Popen(
                 self.target.command(self.python),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=errlog,
                 start_new_session=True, env=env,
             )
         except OSError as exc:
@@ -243,6 +248,7 @@ class TrainingProcess:
             raise LaunchError(f"cannot start {self.python}: {exc.strerror or exc}") from None
         finally:
             log.close()
+            errlog.close()
         if feed:
             pid = self.popen.pid  # a zombie still "lives" until reaped: its socket is gone by then, and the feed ends
             self.host_feed = HostFeed(pid, self.socket_path, lambda: self.returncode is None and paths.pid_alive(pid),

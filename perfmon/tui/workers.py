@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from textual.message import Message
 
+from perfmon import paths
 from perfmon.analysis.job import JobState
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
@@ -22,7 +23,7 @@ from perfmon.tui.widgets.logpanel import MAX_LINES, OutputTail
 
 COALESCE_S = 1.0  # state changes are posted at most this often: the dashboard redraws about once a second
 OUTPUT_S = 1.0  # new output lines at most this often: each write lays the screen out again
-POLL_S = 0.25  # process and output.log polls; also how soon a loop sees ``stop``
+POLL_S = 0.25  # process and output polls; also how soon a loop sees ``stop``
 
 Post = Callable[[Message], object]
 
@@ -48,7 +49,7 @@ class ProcessExited(Message):
 
 
 class OutputLines(Message):
-    """Complete new lines of ``RUN/output.log``."""
+    """Complete new lines of the script's output (``RUN/output.log``, ``RUN/stderr.log``)."""
 
     def __init__(self, lines: list[str]) -> None:
         super().__init__()
@@ -101,26 +102,27 @@ def wait_for_exit(process: TrainingProcessLike, state: RunState | JobState, lock
 
 def tail_output(run_dir: Callable[[], Any], post: Post, stop: threading.Event,
                 job_over: threading.Event) -> None:
-    """Poll ``RUN/output.log`` every POLL_S; post new complete lines (:class:`OutputLines`) at most
-    every OUTPUT_S. Ends once the job is over and the file is read to its end.
+    """Poll the script's stdout and stderr (``RUN/output.log``, ``RUN/stderr.log``) every POLL_S; post their new
+    complete lines (:class:`OutputLines`, in the order the polls found them) at most every OUTPUT_S. Ends once the
+    job is over and both files are read to their end.
 
     ``run_dir()`` is asked until it knows the run dir: an attached source learns it from the agent's hello.
     """
-    tail: OutputTail | None = None
-    while tail is None:
+    tails: list[OutputTail] = []
+    while not tails:
         where = run_dir()
         if where:
-            tail = OutputTail(Path(where) / "output.log")
+            tails = [OutputTail(Path(where) / name) for name in (paths.OUTPUT_LOG, paths.STDERR_LOG)]
         elif job_over.is_set() or stop.wait(POLL_S):
             return
     pending: list[str] = []
     last_post = 0.0
     while True:
         ended = job_over.is_set()  # before the read: what the job wrote before it ended is in this one
-        lines = tail.read()
+        lines = [line for tail in tails for line in tail.read()]
         pending.extend(lines)
         if ended and not lines:
-            pending.extend(tail.flush())
+            pending.extend(line for tail in tails for line in tail.flush())
         now = time.monotonic()
         if pending and (ended or now - last_post >= OUTPUT_S):
             post(OutputLines(pending[-MAX_LINES:]))

@@ -1,4 +1,4 @@
-"""The script's output (tail of ``RUN/output.log``) and, when the job failed, its exception."""
+"""The script's output (tails of ``RUN/output.log`` and ``RUN/stderr.log``) and, when the job failed, its exception."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def last_frame(traceback: str | None) -> str | None:
 
 
 class OutputTail:
-    """New complete lines of ``output.log`` as text; starts near its end, survives truncation."""
+    """New complete lines of one output file as text; starts near its end, survives truncation."""
 
     FIRST_BYTES = 256 * 1024  # how much of an existing file to show at first
     CHUNK = 4 * 1024 * 1024  # most read per call
