@@ -151,6 +151,8 @@ def sample_interval(env: Mapping[str, str]) -> float:
         return float(env.get(SAMPLE_INTERVAL_ENV) or 1.0)
     except ValueError:
         return 1.0
+
+
 RANK_DIR_PREFIX = "rank-"
 #: What a launched script writes, in its run dir: its stdout, and its stderr (each its own, as without perfmon).
 OUTPUT_LOG = "output.log"

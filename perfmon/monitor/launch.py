@@ -1,8 +1,8 @@
 """Starting the training process under the agent, and ending it on the user's word.
 
 The job runs in its own session (a terminal hang-up does not reach it), its stdout goes to
-``RUN/output.log`` and its stderr to ``RUN/stderr.log``, stdin is /dev/null. The monitor is only a reader: if it dies,
-the job goes on and its recording stays complete.
+``RUN/output.log`` and its stderr to ``RUN/stderr.log``, stdin is /dev/null. The monitor is only
+a reader: if it dies, the job goes on and its recording stays complete.
 """
 
 from __future__ import annotations
