@@ -487,3 +487,38 @@ def test_the_sampler_sends_the_trainers_torch_threads_and_asks_for_them_afresh(t
     host = [m for m in agent.published if m["type"] == "sample"][-1]["host"]
     assert host["torch_threads"] == 7 and "usable_cpus" in host
     assert agent.commands.pending and [q[0] for q in agent.commands._queue] == ["read_threads"]
+
+
+def test_a_fed_sampler_looks_at_the_model_and_threads_less_often_while_they_stay_the_same(monkeypatch):
+    """A fed reading costs the job little: after the model is known, its facts and torch's threads are looked
+    at half as often each time nothing changed (1, 2, 4, 8 s, then every SLOW_FACTS_MAX_S), and at every
+    reading again once something did."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch import nn
+
+    from perfmon import protocol
+    from perfmon.agent import sampler as sampler_mod
+
+    model = nn.Linear(4, 2)
+    inst = SimpleNamespace(roots=[model], optimizers=[torch.optim.SGD(model.parameters(), lr=0.1)], loaders={})
+    commands = SimpleNamespace(torch_threads=4, refresh_torch_threads=lambda: None)
+    texts: list[str] = []
+    agent = SimpleNamespace(pid=os.getpid(), meta={}, instrumentation=inst, publish=lambda msg: None,
+                            publish_text=texts.append, commands=commands)
+    s = sampler_mod.Sampler(agent, interval=1.0, fed=True)
+    clock = [1000.0]
+    monkeypatch.setattr(sampler_mod.time, "monotonic", lambda: clock[0])
+    looks: list[float] = []
+    real = s._maybe_model
+    monkeypatch.setattr(s, "_maybe_model", lambda: (looks.append(clock[0] - 1000.0), real())[1])
+    reading = protocol.message("sample", t=1.0, host={"cpu_percent": 1.0}, gpus=[])
+    for second in range(40):
+        if second == 20:
+            commands.torch_threads = 8  # the script called torch.set_num_threads
+        assert s.take_fed(reading)
+        clock[0] += 1.0
+    assert looks[:7] == [0, 1, 2, 4, 8, 16, 24]  # known at the first look; then 1, 2, 4, 8, 8 s apart
+    assert [t for t in looks if 16 < t <= 27] == [24, 25, 26]  # the change is seen at the next look, then again 1 s
+    assert len(texts) == 40 and all('"torch_threads":' in t for t in texts)

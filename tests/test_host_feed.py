@@ -185,3 +185,24 @@ def test_a_feed_leaves_an_agent_that_takes_none_alone(tmp_path):
             conn.settimeout(DEADLINE)
             assert conn.recv(65536) == b""  # it sent nothing, and closed
     assert "takes no feed" in feed.ended and feed.sent == 0
+
+
+def test_a_reading_is_recorded_as_the_launcher_sent_it_with_the_jobs_fields_appended(fed_agent):
+    """The job never encodes a fed reading again: the launcher's line, byte for byte, then what only the job
+    can read (torch's threads here), which the reader folds into the host reading."""
+    from types import SimpleNamespace
+
+    from perfmon import messages
+
+    fed_agent.commands = SimpleNamespace(torch_threads=6, refresh_torch_threads=lambda: None, finish=lambda: None)
+    sent = a_reading(host={"cpu_percent": 50.0, "rss_bytes": 1, "note": "as sent"})
+    with connect(fed_agent) as sock:
+        sock.sendall(sent)
+        wait_for(lambda: b'"note":"as sent"' in (fed_agent.run_dir / "events.jsonl").read_bytes(), "the reading")
+        line = next(x for x in (fed_agent.run_dir / "events.jsonl").read_bytes().splitlines() if b"as sent" in x)
+        head, _, rest = line.partition(b",")
+        assert head.startswith(b'{"seq":') and rest.startswith(sent.rstrip(b"\n")[1:-1] + b',"sampled_by":')
+        msg = json.loads(line)
+        assert msg["sampled_by"] == "launcher" and msg["torch_threads"] == 6 and msg["sampler_cpu_s"] >= 0.0
+        sample = messages.parse(msg)
+        assert sample.host.torch_threads == 6 and sample.host.cpu_percent == 50.0

@@ -601,3 +601,39 @@ def test_step_rows_in_c_are_the_python_rows(tmp_path, live_from):
         assert c["rows"] == py["rows"] and len(c["rows"]) == 240 - min(live_from, 240)
         for key, value in py["bulk"].items():
             assert c["bulk"][key] == (pytest.approx(value) if key == "sum_ms" else value), key
+
+
+def recorded(agent: Agent) -> list[dict]:
+    path = agent.run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_bytes().splitlines()] if path.exists() else []
+
+
+def test_a_tick_goes_out_in_one_write_and_every_line_keeps_its_place(tmp_path, monkeypatch):
+    """The publisher's tick writes its lines together at its end. Another thread's message still follows them
+    in seq order, and a monitor that connects meanwhile finds every line up to its ``live_seq`` in the
+    recording, where it back-fills from."""
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(tmp_path / "rt"))
+    agent = Agent(tmp_path / "run", {"script": "train.py", "pid": os.getpid()})  # not started: no publisher
+    writes: list[bytes] = []
+    real_write = agent.recorder.write
+    monkeypatch.setattr(agent.recorder, "write", lambda data: (writes.append(data), real_write(data))[1])
+    warning = {"kind": "warning", "message": "m", "t": 0.0}
+    with agent._batched():
+        agent.publish(protocol.message("event", **warning))
+        agent.publish_text('{"v":1,"type":"log","text":"two"}')
+        assert recorded(agent) == [] and writes == []  # held for the tick's end
+        other = threading.Thread(target=agent.publish, args=(protocol.message("event", **warning),))
+        other.start()
+        other.join()
+        assert [m["seq"] for m in recorded(agent)] == [1, 2, 3]  # the tick's lines first: seq order kept
+        agent.publish(protocol.message("event", **warning))
+        hello = json.loads(agent._greeting())
+        assert hello["live_seq"] == 4 and [m["seq"] for m in recorded(agent)] == [1, 2, 3, 4]
+        agent.publish(protocol.message("event", **warning))
+        agent.publish(protocol.message("event", **warning))
+        assert len(recorded(agent)) == 4
+    assert [m["seq"] for m in recorded(agent)] == [1, 2, 3, 4, 5, 6]
+    assert len(writes) == 4 and writes[-1].count(b"\n") == 2  # 1+2 together, 3, 4, then 5+6 in one write
+    agent.publish(protocol.message("event", **warning))  # outside a tick: at once
+    assert len(recorded(agent)) == 7
+    agent.recorder.close()

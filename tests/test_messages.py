@@ -112,3 +112,19 @@ def test_reset_forgets_everything_but_the_recent_window_size():
     state.apply({"type": "reset"})
     assert not state.meta.received and state.steps == 0 and state.last_seq == 0 and not state.recent
     assert state.recent.maxlen == 7
+
+
+def test_a_fed_readings_job_fields_are_read_into_the_sample():
+    """A fed reading is the launcher's line with the job's fields appended: torch's threads at the top level,
+    and ``cuda_context`` where the job had CUDA initialised (NVML's "no context yet", read from outside, then
+    means the pid is not visible to NVML)."""
+    gpus = [{"index": 0, "proc_mem_bytes": None, "proc_mem_reason": messages.PROC_NO_CONTEXT},
+            {"index": 1, "proc_mem_bytes": None, "proc_mem_reason": "NVML process list unavailable"}]
+    msg = protocol.message("sample", t=1.0, host={"cpu_percent": 50.0}, gpus=gpus, torch_threads=8)
+    s = messages.parse(msg)
+    assert s.host.torch_threads == 8 and s.host.cpu_percent == 50.0
+    assert [g.proc_mem_reason for g in s.gpus] == [messages.PROC_NO_CONTEXT, "NVML process list unavailable"]
+    (g0, g1) = messages.parse(dict(msg, cuda_context=True)).gpus
+    assert g0.proc_mem_reason == messages.PROC_NOT_VISIBLE and g1.proc_mem_reason == "NVML process list unavailable"
+    own = messages.parse(protocol.message("sample", t=1.0, host={"torch_threads": 4}, torch_threads=8))
+    assert own.host.torch_threads == 4  # a job's own reading says it in host

@@ -7,6 +7,7 @@ attached monitor. Nothing here raises into training: errors are counted and repo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -17,7 +18,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,10 @@ class Agent:
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()  # one flush at a time: the publisher's, or the final one at exit
         self._deferred: list[tuple[int, Callable[[], None]]] = []  # (thread, what): run when its publish returns
+        #: what the publisher's tick published, to write (file lines) and send (monitor lines) at its end; None
+        #: outside a tick. One write and one send a tick: each costs the job's cold caches more than its bytes do.
+        self._batch: tuple[list[bytes], list[bytes]] | None = None
+        self._batch_thread = 0
         self._discovery_monitors = 0  # monitors the discovery file says
         self._discovery_at = 0.0
         self._stop = threading.Event()
@@ -288,13 +293,51 @@ class Agent:
         with self._lock:
             self._seq += 1
             msg["seq"] = self._seq
-            data = protocol.encode(msg)
-            self.recorder.write(data)
-            if self.server is not None:
-                self.server.broadcast(data)
+            self._out(protocol.encode(msg))
         self._report_recording_error()
         if self._deferred:
             self._run_deferred()
+
+    def _out(self, data: bytes, live: bytes | None = None) -> None:
+        """Record ``data``, then send it (``live`` instead, where given) to the monitors; the caller holds the lock.
+        What the publisher's own tick publishes waits for the tick's end, to go out in one write and one send."""
+        batch = self._batch
+        if batch is not None:
+            if self._batch_thread == threading.get_ident():
+                batch[0].append(data)
+                batch[1].append(data if live is None else live)
+                return
+            self._write_batch()  # another thread publishes meanwhile: the tick's lines so far go first (seq order)
+        self.recorder.write(data)
+        server = self.server
+        if server is not None and server.client_count:
+            server.broadcast(data if live is None else live)
+
+    @contextlib.contextmanager
+    def _batched(self) -> Iterator[None]:
+        """What this thread publishes inside goes out at the end, in one write to the recording and one send to
+        each monitor (the publisher's tick)."""
+        with self._lock:
+            self._batch, self._batch_thread = ([], []), threading.get_ident()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._write_batch()
+                self._batch = None
+            self._report_recording_error()
+
+    def _write_batch(self) -> None:
+        """Write and send what the publisher's tick published so far (the caller holds the lock)."""
+        batch = self._batch
+        if batch is None or not batch[0]:
+            return
+        self.recorder.write(b"".join(batch[0]))
+        server = self.server
+        if server is not None and server.client_count:
+            server.broadcast(b"".join(batch[1]))
+        batch[0].clear()
+        batch[1].clear()
 
     def defer_while_publishing(self, fn: Callable[[], None]) -> bool:
         """For a signal handler: when it interrupted this thread inside :meth:`publish`, run ``fn`` as soon as
@@ -320,11 +363,7 @@ class Agent:
         with self._lock:
             self._seq += 1
             head = f'{{"seq":{self._seq},'
-            data = (head + body[1:] + "\n").encode()
-            self.recorder.write(data)
-            server = self.server
-            if server is not None and server.client_count:
-                server.broadcast(data if live is None else (head + live[1:] + "\n").encode())
+            self._out((head + body[1:] + "\n").encode(), None if live is None else (head + live[1:] + "\n").encode())
         self._report_recording_error()
         if self._deferred:
             self._run_deferred()
@@ -334,6 +373,7 @@ class Agent:
 
         # agent_threads: perfmon's threads here, which a launcher sampling the job from outside does not count
         # as the trainer's when it reads their CPU wait
+        self._write_batch()  # (under the lock) a monitor back-fills up to live_seq from the recording: it is there
         hello = protocol.message("hello", **self.meta, live_seq=self._seq, agent_threads=sorted(perfmon_threads()))
         return protocol.encode(hello)
 
@@ -346,10 +386,10 @@ class Agent:
         self._feed = FeedReader(sock, pending)
         return True
 
-    def _take_sample(self, msg: dict[str, Any]) -> bool:
+    def _take_sample(self, msg: dict[str, Any], line: bytes | None = None) -> bool:
         sampler = self.sampler
         try:
-            return sampler is not None and sampler.take_fed(msg)
+            return sampler is not None and sampler.take_fed(msg, line)
         except Exception as exc:  # noqa: BLE001 - the job samples for itself instead
             self.record_error("sampler", exc)
             return False
@@ -362,7 +402,7 @@ class Agent:
             return
         for line in feed.lines():
             try:
-                ok = self._take_sample(protocol.decode(line, allowed=("sample",)))
+                ok = self._take_sample(protocol.decode(line, allowed=("sample",)), line)
             except protocol.DecodeError:
                 ok = False
             if not ok:
@@ -433,28 +473,35 @@ class Agent:
             self._sleep(wait)
             if self._stop.is_set():  # after the sleep's items are taken: finish() sets it before it wakes us
                 return
-            n = 0
-            try:
-                self._poll_cuda()
-                if len(self.events) or self.cuda.pending:  # else a flush has nothing to do (~50 us cold)
-                    with self._flush_lock:
-                        n = self._flush()
-                if self.sampler is not None:  # after the steps: the readings were taken while they ran
-                    self._read_feed()
-                    self.sampler.check_feed()
-                self._refresh_discovery()
-            except Exception as exc:  # noqa: BLE001 - the publisher must survive anything
-                self.record_error("publisher", exc)
-            try:
-                self._publish_errors()
-            except Exception:  # noqa: BLE001
-                pass
+            with self._batched():
+                n = self._tick()
             now = time.monotonic()
             # steps held for the GPU are work still to do: no longer sleep while they wait
             waited = None if self.cuda.pending else wait
             wait, last = next_wait(n, now - last, self.tick, waited, self._idle_tick), now
             wait = self._arm_alarm(wait)
             self._live_rows = max(1, round(LIVE_ROWS * min(wait, self.tick) / self.tick))
+
+    def _tick(self) -> int:
+        """One tick's work: steps, the launcher's readings, discovery, warnings. Returns the events it took;
+        never raises."""
+        n = 0
+        try:
+            self._poll_cuda()
+            if len(self.events) or self.cuda.pending:  # else a flush has nothing to do (~50 us cold)
+                with self._flush_lock:
+                    n = self._flush()
+            if self.sampler is not None:  # after the steps: the readings were taken while they ran
+                self._read_feed()
+                self.sampler.check_feed()
+            self._refresh_discovery()
+        except Exception as exc:  # noqa: BLE001 - the publisher must survive anything
+            self.record_error("publisher", exc)
+        try:
+            self._publish_errors()
+        except Exception:  # noqa: BLE001
+            pass
+        return n
 
     def _sleep(self, seconds: float) -> None:
         """Sleep until ``seconds`` pass or the alarm rings; take every item the alarm left."""

@@ -11,6 +11,7 @@ model) and records it. No thread of its own runs then, until the feed stops comi
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ from typing import Any
 from perfmon import protocol
 from perfmon.collectors.cuda_mem import CudaMemorySampler
 from perfmon.collectors.host import HostSampler
-from perfmon.collectors.nvml import PROC_NO_CONTEXT, PROC_NOT_VISIBLE, NvmlSampler, cuda_initialized
+from perfmon.collectors.nvml import NvmlSampler, cuda_initialized
 
 
 def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | None:
@@ -81,6 +82,8 @@ MODEL_RECOUNT_S = 60.0
 #: (it never connected).
 FEED_MISSED = 5
 FEED_FIRST_S = 5.0
+#: The longest a fed sampler goes between two looks at the model and torch's threads while neither changes.
+SLOW_FACTS_MAX_S = 8.0
 
 
 class Sampler:
@@ -102,6 +105,9 @@ class Sampler:
         self._model_sent: tuple[int, int] | None = None
         self._model_seen: tuple | None = None  # what the model, optimizers and loaders looked like at the last count
         self._model_due = 0.0
+        self._facts_every = 0.0  # how long a fed sampler waits before its next _slow_facts
+        self._facts_due = 0.0
+        self._facts_seen: tuple | None = None
 
     def start(self) -> None:
         reason = self.nvml.open()
@@ -115,10 +121,13 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="perfmon-sampler", daemon=True)
         self._thread.start()
 
-    def take_fed(self, msg: dict[str, Any]) -> bool:
-        """Record a reading the launcher sent (the socket's thread), with what only the job can read added.
-        False where no feed is wanted (any more), or for a reading that is not one of this job's: a
-        ``sample`` without host readings, or with other GPUs than the job sees."""
+    def take_fed(self, msg: dict[str, Any], line: bytes | None = None) -> bool:
+        """Record a reading the launcher sent (``msg``, decoded from ``line``), with what only the job can read
+        added. False where no feed is wanted (any more), or for a reading that is not one of this job's: a
+        ``sample`` without host readings, or with other GPUs than the job sees.
+
+        The line is recorded as it came, with the job's fields appended: it is checked, never encoded again (the
+        job pays for this once a second, in caches its training left cold)."""
         if not self.fed:
             return False
         t0 = time.thread_time()
@@ -128,13 +137,52 @@ class Sampler:
         if [g.get("uuid") for g in gpus if isinstance(g, dict)] != [g.get("uuid") for g in self.nvml.static]:
             return False
         self._fed_last = time.monotonic()
-        if cuda_initialized():  # NVML does not list the job: from outside, that looked like "no context yet"
-            gpus = [dict(g, proc_mem_reason=PROC_NOT_VISIBLE) if g.get("proc_mem_reason") == PROC_NO_CONTEXT
-                    else g for g in gpus]
-        self._publish(host, gpus, float(t), sampler="launcher")
-        self._maybe_model()
+        body = (protocol.encode(msg) if line is None else line).strip()
+        if not (body.startswith(b"{") and body.endswith(b"}")):  # JSON that a splice would break
+            return False
+        try:
+            text = body[:-1].decode()
+        except UnicodeDecodeError:  # JSON in another encoding than perfmon writes
+            return False
+        self.agent.publish_text(text + self._job_fields(bool(gpus)) + "}")
+        self._slow_facts()
         self.cpu_s = time.thread_time() - t0
         return True
+
+    def _job_fields(self, any_gpu: bool) -> str:
+        """What the job adds to a fed reading, as JSON members: who sampled, its own CPU for it, torch's
+        threads, whether CUDA is initialised here (NVML's "no context yet" for the job then means "not
+        visible"), and the CUDA allocator's counters."""
+        out = f',"sampled_by":"launcher","sampler_cpu_s":{round(self.cpu_s, 6)!r}'
+        commands = self.agent.commands
+        threads = commands.torch_threads if commands is not None else None
+        if threads is not None:
+            out += f',"torch_threads":{int(threads)}'
+        if any_gpu and cuda_initialized():
+            out += ',"cuda_context":true'
+            mem = self.cuda.sample(self._cuda_device)
+            if mem is not None:
+                out += ',"cuda_mem":' + json.dumps(mem, separators=(",", ":"))
+        return out
+
+    def _slow_facts(self) -> None:
+        """Recount the model and reread torch's threads: at every fed reading until the model is known and while
+        either changes (a job starting up), then, while they stay the same, half as often each time, down to
+        once every SLOW_FACTS_MAX_S seconds."""
+        now = time.monotonic()
+        if now < self._facts_due:
+            return
+        commands = self.agent.commands
+        if commands is not None:  # None before the script imports torch
+            commands.refresh_torch_threads()  # read at the next step end: what a later look sees
+        self._maybe_model()
+        seen = (self._model_sent, commands.torch_threads if commands is not None else None)
+        changed, self._facts_seen = seen != self._facts_seen, seen
+        if changed or self._model_sent is None:
+            self._facts_every = 0.0
+        else:
+            self._facts_every = min(SLOW_FACTS_MAX_S, max(self.interval, self._facts_every * 2))
+        self._facts_due = now + self._facts_every * 0.999
 
     def check_feed(self) -> None:
         """Sample here from now on if the feed stopped coming (the publisher asks at each of its ticks)."""
@@ -184,20 +232,16 @@ class Sampler:
         gpus = self.nvml.sample() if self.nvml.handles else []
         self._publish(self.host.sample(), gpus, time.time())
 
-    def _publish(self, host: dict[str, Any], gpus: list[Any], t: float, sampler: str | None = None) -> None:
+    def _publish(self, host: dict[str, Any], gpus: list[Any], t: float) -> None:
         commands = self.agent.commands
         if commands is not None:  # None before the script imports torch
             host["torch_threads"] = commands.torch_threads
             commands.refresh_torch_threads()  # read afresh for the next sample: one call at a step end
-        msg = protocol.message(
+        self.agent.publish(protocol.message(
             "sample", t=t, host=host, gpus=gpus, cuda_mem=self.cuda.sample(self._cuda_device),
             sampler_cpu_s=round(self.cpu_s, 6), interval_s=self.interval,
-        )
-        if sampler is not None:  # the job's own CPU for it is ``sampler_cpu_s``; the reading's was the launcher's
-            msg["sampled_by"] = sampler
-        self.agent.publish(msg)
-        if sampler is None:
-            self._maybe_model()
+        ))
+        self._maybe_model()
 
     def _cuda_device(self) -> int:
         """The CUDA device the model's parameters live on (the sampler thread's own current device is 0)."""

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from perfmon.messages.telemetry import PROC_NO_CONTEXT, PROC_NOT_VISIBLE
+
 # Clock-throttle reason bits (nvmlClocksEventReason*), named as users know them.
 THROTTLE_REASONS = {
     0x1: "gpu_idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
@@ -25,9 +27,8 @@ THROTTLE_REASONS = {
 #: Reasons that mean the GPU is being held back (idle and app clocks are not a problem).
 LIMITING = {"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
 
-# Why this process's GPU memory is "n/a" (``proc_mem_reason``; ``proc_mem_bytes`` is then None).
-PROC_NOT_VISIBLE = "pid not visible to NVML (container PID namespace?)"
-PROC_NO_CONTEXT = "no CUDA context in this process yet"
+# Why this process's GPU memory is "n/a" (``proc_mem_reason``; ``proc_mem_bytes`` is then None); the first two,
+# PROC_NOT_VISIBLE and PROC_NO_CONTEXT, live with the message, whose reader tells them apart for a fed reading.
 PROC_QUERY_FAILED = "NVML process list unavailable"
 PROC_NO_BYTES = "NVML gives no per-process memory here (MIG or vGPU?)"
 

@@ -36,6 +36,8 @@ from perfmon.messages.profile import Breakdown, OpStat, ProfileWindow, TraceFind
 from perfmon.messages.steps import Bulk, StepRows, parse_steps
 from perfmon.messages.telemetry import (
     LEGACY_PROC_MEM_REASON,
+    PROC_NO_CONTEXT,
+    PROC_NOT_VISIBLE,
     CudaMem,
     GpuSample,
     HostSample,
@@ -45,7 +47,7 @@ from perfmon.messages.telemetry import (
 
 __all__ = [
     "COMMAND_NAMES", "Command", "CommandError", "CommandName", "parse_command",
-    "LEGACY_PROC_MEM_REASON", "AgentWarning", "Breakdown", "Bulk", "CommandResult", "CudaMem", "Event",
+    "LEGACY_PROC_MEM_REASON", "PROC_NO_CONTEXT", "PROC_NOT_VISIBLE", "AgentWarning", "Breakdown", "Bulk", "CommandResult", "CudaMem", "Event",
     "Exit", "GpuSample", "Hello", "HostSample", "Invalid", "LoaderSettings", "Message", "ModelInfo", "OpStat",
     "OptimizerFlags", "Other", "ProfileStarted", "ProfileWindow", "Reset", "Sample", "StepRows", "TraceFinding",
     "WindowEdge", "as_sent", "merged", "parse",

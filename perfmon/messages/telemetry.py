@@ -7,6 +7,9 @@ from typing import Any
 
 from perfmon.messages.base import CONVERT, Invalid, Message, num, record
 
+# Why a process's GPU memory is "n/a" (``proc_mem_reason``), where the job and its launcher must agree.
+PROC_NOT_VISIBLE = "pid not visible to NVML (container PID namespace?)"
+PROC_NO_CONTEXT = "no CUDA context in this process yet"
 #: Said for a GPU reading from before ``proc_mem_reason``: its 0 meant "pid not in NVML's list", not 0 bytes.
 LEGACY_PROC_MEM_REASON = "pid not in NVML's process list (container PID namespace?)"
 
@@ -112,9 +115,16 @@ def parse_sample(msg: dict[str, Any], seq: int | None) -> Sample | Invalid:
     except (KeyError, TypeError, ValueError):
         return Invalid(seq=seq, what="a sample without a time")
     host, devices, cm = msg.get("host"), msg.get("gpus"), msg.get("cuda_mem")
+    reading = record(HostSample, host) if isinstance(host, dict) and host else None
+    threads = msg.get("torch_threads")  # a fed reading: the job appends it to the launcher's line
+    if reading is not None and reading.torch_threads is None and isinstance(threads, int):
+        reading = replace(reading, torch_threads=threads)
+    devs = gpus(devices) if isinstance(devices, list) else None
+    if devs and msg.get("cuda_context") is True:  # the launcher read NVML before the job's CUDA context showed
+        devs = tuple(replace(g, proc_mem_reason=PROC_NOT_VISIBLE) if g.proc_mem_reason == PROC_NO_CONTEXT else g
+                     for g in devs)
     return Sample(
-        seq=seq, t=t, host=record(HostSample, host) if isinstance(host, dict) and host else None,
-        gpus=gpus(devices) if isinstance(devices, list) else None,
+        seq=seq, t=t, host=reading, gpus=devs,
         cuda_mem=record(CudaMem, cm) if isinstance(cm, dict) and cm else None,
         sampler_cpu_s=num(msg.get("sampler_cpu_s")), interval_s=num(msg.get("interval_s")),
     )

@@ -3,7 +3,7 @@
 What the job's own sampler thread would read (its CPU and memory from ``/proc``, its DataLoader workers, the
 system, NVML) does not need to be read from inside the job, where every reading costs the job CPU under its GIL.
 The launcher reads it here, for the job's pid, and sends each reading over the job's socket as a ``sample`` line;
-the job adds what only it can read (the CUDA allocator, torch's threads, the model) and records it. It starts
+the job appends what only it can read (the CUDA allocator, torch's threads) to the line and records it. It starts
 only a job whose agent expects it (``PERFMON_SAMPLER=launcher``); if this feed stops, the job samples for itself.
 """
 
@@ -85,12 +85,10 @@ class HostFeed:
                                                             if isinstance(g, dict)]:
                     return "the job sees other GPUs than this launcher: it samples for itself"
                 sock.setblocking(False)
-                cpu_s = 0.0
                 while not self._stop.wait(self.interval) and self.alive():
-                    t0 = time.thread_time()
+                    # the job adds who sampled and its own CPU for recording it (this CPU is not the job's)
                     msg = protocol.message("sample", t=time.time(), host=host.sample(),
-                                           gpus=nvml.sample() if nvml.handles else [],
-                                           sampler_cpu_s=round(cpu_s, 6), interval_s=self.interval)
+                                           gpus=nvml.sample() if nvml.handles else [], interval_s=self.interval)
                     _discard(sock)
                     sock.setblocking(True)
                     sock.settimeout(self.interval)
@@ -100,7 +98,6 @@ class HostFeed:
                         return None
                     sock.setblocking(False)
                     self.sent += 1
-                    cpu_s = time.thread_time() - t0
             finally:
                 nvml.close()
         return None
