@@ -10,6 +10,9 @@ import socket
 
 from perfmon import protocol
 
+#: The most one ``recv`` takes: a tick's readings (~0.5 kB each) fit many times over.
+READ_SIZE = 65536
+
 
 class FeedReader:
     """Complete lines from a non-blocking socket, and whether the other end closed it."""
@@ -23,7 +26,7 @@ class FeedReader:
         """Every complete line that came; ``closed`` is set once the launcher is gone (or sent a line too long)."""
         while not self.closed:
             try:
-                chunk = self.sock.recv(65536)
+                chunk = self.sock.recv(READ_SIZE)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
@@ -32,6 +35,8 @@ class FeedReader:
                 self.closed = True
                 break
             self._buf += chunk
+            if len(chunk) < READ_SIZE:  # all there was: no second call (and its exception, cold) to learn that
+                break
         *done, rest = bytes(self._buf).split(b"\n")
         self._buf = bytearray(rest)
         if len(rest) > protocol.MAX_LINE:

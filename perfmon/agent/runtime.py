@@ -580,9 +580,7 @@ class Agent:
         # C-level passes (map, not generators): this runs over every step at any step rate
         with_dev = any(map(_second, records))
         with_closures = any(map(_closures, map(_first, records)))
-        fields = list(protocol.STEP_FIELDS) + (["closures"] if with_closures else []) + (
-            ["dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"] if with_dev else [])
-        head = f'{{"v":{protocol.VERSION},"type":"steps","fields":{json.dumps(fields, separators=(",", ":"))}'
+        head = _steps_head(with_closures, with_dev)
         tail = (',"outside":' + json.dumps(outside, separators=(",", ":")) if outside else "") + "}"
         if HOT is not None and not with_dev and not with_closures and self.c_rows:
             # the common case in C: the same text and sums, without a Python loop over the rows
@@ -676,6 +674,14 @@ def next_wait(events: int, seconds: float, tick: float, waited: float | None = N
     if rate * tick <= FLUSH_EVENTS:
         return tick
     return max(MIN_TICK, FLUSH_EVENTS / rate)
+
+
+@functools.cache
+def _steps_head(with_closures: bool, with_dev: bool) -> str:
+    """A ``steps`` message up to its rows: its fields, with the optional columns the rows carry."""
+    fields = list(protocol.STEP_FIELDS) + (["closures"] if with_closures else []) + (
+        ["dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"] if with_dev else [])
+    return f'{{"v":{protocol.VERSION},"type":"steps","fields":{json.dumps(fields, separators=(",", ":"))}'
 
 
 def _ms(seconds: float) -> float:
