@@ -224,18 +224,8 @@ def _ls(argv: list[str]) -> int:
 
 def _status_of(run: dict) -> dict:
     """Steps and attached monitors: monitors from the discovery file (the agent rewrites it when one comes or
-    goes), steps from the end of the recording (the whole recording where its end holds none)."""
-    out: dict = {"monitors": run.get("monitors", "?")}
-    if isinstance(run.get("steps"), int):
-        out["steps"] = run["steps"]
-        return out
-    from perfmon.analysis.report import ReportError, load_recording
-
-    try:
-        out["steps"] = load_recording(Path(run["run_dir"])).steps
-    except (ReportError, KeyError, OSError):
-        pass
-    return out
+    goes), steps from the recording, read from its end (:func:`perfmon.recording.last_step`; 0 before the first)."""
+    return {"monitors": run.get("monitors", "?"), "steps": run["steps"] if isinstance(run.get("steps"), int) else 0}
 
 
 def _attach(argv: list[str]) -> int:

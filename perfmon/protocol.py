@@ -28,6 +28,8 @@ PUBLISH_TICK_S = 1.0
 
 PHASES = ("data", "forward", "backward", "optimizer")
 ALL_PHASES = (*PHASES, "other")
+#: Each phase in a narrow column's heading.
+PHASE_SHORT = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
 #: Kinds of time outside training steps, in a ``steps`` message's optional ``outside`` dict (``<kind>_ms``).
 OUTSIDE_KINDS = ("evaluation", "checkpoint", "other")
 

@@ -79,25 +79,38 @@ def ends_with_exit(complete: bytes) -> bool:
     return protocol.is_exit(msg)
 
 
-#: Enough of a recording's end to hold its last whole ``steps`` message (at most 2,000 rows, ~200 KB).
+#: How much of a recording is read at a time, from its end back, for its last ``steps`` message (at most 2,000 rows,
+#: ~200 KB: most often in the first read).
 STEPS_TAIL = 1 << 19
 
 
 def last_step(run_dir: Path) -> int | None:
-    """The number of the last step the run recorded, from the end of its recording (None: none there yet).
-    ``perfmon ls`` reads it here, so the job need not keep rewriting a file to say how far it is."""
-    tail = tail_bytes(run_dir / "events.jsonl", STEPS_TAIL)
-    if tail is None:
+    """The number of the last step the run recorded, read from the end of its recording back (None: no step in
+    it yet). ``perfmon ls`` reads it here, so the job need not keep rewriting a file to say how far it is."""
+    try:
+        f = open(run_dir / "events.jsonl", "rb")
+    except OSError:
         return None
-    for line in reversed(tail.split(b"\n")[1:] if len(tail) == STEPS_TAIL else tail.split(b"\n")):
-        if b'"steps"' not in line:
-            continue
-        try:
-            rows = parse_steps(protocol.decode(line, allowed=("steps",)), None)
-        except protocol.DecodeError:
-            continue
-        if rows.i:
-            return rows.i[-1]
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        carry = b""  # the end of a line that begins before the bytes read so far
+        while end > 0:
+            start = max(0, end - STEPS_TAIL)
+            f.seek(start)
+            lines = (f.read(end - start) + carry).split(b"\n")
+            carry = lines.pop(0) if start > 0 else b""
+            for line in reversed(lines):
+                if b'"steps"' not in line:
+                    continue
+                try:
+                    rows = parse_steps(protocol.decode(line, allowed=("steps",)), None)
+                except protocol.DecodeError:
+                    continue
+                if rows.i:
+                    return rows.i[-1]
+            end = start
+            if len(carry) > protocol.MAX_LINE:  # no line is this long: what it holds is no message
+                carry = b""
     return None
 
 

@@ -154,7 +154,7 @@ def test_readings_of_other_gpus_than_the_jobs_are_refused(tmp_path, monkeypatch)
         agent.finish({"code": 0})
 
 
-def test_perfmon_ls_reads_a_runs_step_count_from_its_recording(tmp_path):
+def test_perfmon_ls_reads_a_runs_step_count_from_its_recording(tmp_path, monkeypatch):
     run = tmp_path / "run"
     run.mkdir()
     rows = [[i, 1000.0 + i, 1.0, 0, 0, 0, 0, 1.0, 0] for i in range(1, 2001)]
@@ -164,6 +164,11 @@ def test_perfmon_ls_reads_a_runs_step_count_from_its_recording(tmp_path):
     lines += [protocol.message("sample", t=1.0, host={"cpu_percent": 1.0})] * 3000  # a long stretch with no step
     (run / "events.jsonl").write_bytes(b"".join(map(protocol.encode, lines)) + b'{"v":1,"type":"ste')
     assert last_step(run) == 2000
+    from perfmon import recording
+
+    for size in (97, 4096):  # far more samples after the last steps than one read holds: it reads further back
+        monkeypatch.setattr(recording, "STEPS_TAIL", size)
+        assert last_step(run) == 2000
     assert last_step(tmp_path) is None  # no recording
     (run / "events.jsonl").write_bytes(protocol.encode(lines[0]))
     assert last_step(run) is None  # no step yet

@@ -377,6 +377,7 @@ def test_loader_cpu_bound_never_contradicts_its_evidence(host, fires):
     ('disabled = ["priorty"]', "'disabled' names no rule 'priorty'"),  # misspelt: the rule would stay on
     ("fp32_gemm_share = 0.4", "'fp32_gemm_share' is no longer a setting: no-mixed-precision comes from"),
     ("first_step_ratio = 5.0", "'first_step_ratio' is no longer a setting"),
+    ("thresholds = 3", "'thresholds' wants a table"),
 ])
 def test_config_wrong_types_are_refused_not_silently_disabling(tmp_path, text, error):
     path = tmp_path / "rules.toml"

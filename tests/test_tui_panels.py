@@ -244,6 +244,34 @@ async def test_model_with_budget(tmp_path: Path) -> None:
         assert f"MFU {fmt.share(flops.mfu)}" in text.splitlines()[3]  # the vital signs
 
 
+async def test_the_budget_margin_is_bad_below_what_the_memory_pressure_rule_leaves(tmp_path: Path) -> None:
+    """The margin turns bad where ``--rules``' memory_pressure would warn, not at a number of its own."""
+    from rich.style import Style
+
+    from perfmon.tui.widgets.model import ModelInfo, ModelView
+
+    app = make_app(tmp_path, device="gpu")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        margin = app.state.memory_budget().margin
+        assert margin is not None and 0.02 < margin < 0.98
+        names = ("label", "value", "muted", "good", "bad", "static", "activation", "free")
+        styles = {name: Style(color=f"color({i})") for i, name in enumerate(names)}
+
+        def margin_style(memory_pressure: float) -> str:
+            info = ModelInfo.from_state(app.state, memory_pressure)
+            for line in ModelView(info, styles).budget_lines(80):
+                text = line.plain
+                at = text.find(fmt.share(margin), text.find("margin "))
+                if "margin " in text and at >= 0:
+                    return next(name for name, style in styles.items()
+                                if any(sp.start <= at < sp.end and sp.style == style for sp in line.spans))
+            raise AssertionError("no margin shown")
+
+        assert margin_style(1.0 - margin + 0.01) == "value"  # the rule would not warn yet
+        assert margin_style(1.0 - margin - 0.01) == "bad"
+
+
 async def test_window_peaks_in_device_and_budget(tmp_path: Path) -> None:
     """With window peaks the budget uses the steady per-step peak, not the start-up spike."""
     app = make_app(tmp_path, device="gpu", window_peaks=True)

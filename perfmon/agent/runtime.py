@@ -207,7 +207,8 @@ class Agent:
         self._sync_fast_path()
 
     def finish(self, exit_info: dict[str, Any]) -> None:
-        """Flush everything, record the exit, write summary.json, close the socket."""
+        """Flush everything, record the exit, have summary.json written outside the job (:meth:`write_summary`), close
+        the socket."""
         if self.commands is not None:
             self.commands.finish()
         self.enabled = False

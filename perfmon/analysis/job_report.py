@@ -17,9 +17,7 @@ from perfmon.analysis.report import (
     write_summary,
 )
 from perfmon.analysis.rules import Config, evaluate_job, evaluate_once
-from perfmon.protocol import ALL_PHASES
-
-_SHORT = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
+from perfmon.protocol import ALL_PHASES, PHASE_SHORT
 
 
 def job_findings(job: JobState, cfg: Config | None = None) -> list[dict[str, Any]]:
@@ -106,7 +104,7 @@ def rank_table(rows: list[RankRow]) -> list[str]:
     """The all-ranks table as text lines (headless summary and report)."""
     slow = slowest(rows)
     head = f"  {'rank':>4} {'node':>4} {'steps':>7} {'p50 ms':>9}" + "".join(
-        f" {_SHORT[p]:>7}" for p in ALL_PHASES) + f" {'mem':>9}  status"
+        f" {PHASE_SHORT[p]:>7}" for p in ALL_PHASES) + f" {'mem':>9}  status"
     lines = [head]
     for r in rows:
         mem = f"{r.allocated_bytes / 2**30:.2f}G" if r.allocated_bytes else "n/a"

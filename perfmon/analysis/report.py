@@ -15,11 +15,10 @@ from typing import Any
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
 from perfmon.messages import ProfileWindow, as_sent
-from perfmon.protocol import ALL_PHASES
+from perfmon.protocol import ALL_PHASES, PHASE_SHORT
 from perfmon.recording import RecordingReader, read_all
 
 SCHEMA = 1
-_SHORT = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
 
 
 class ReportError(Exception):
@@ -197,7 +196,7 @@ def status_line(state: RunState, now: float | None = None) -> str:
     if state.exit is None and state.last_end is not None and now - state.last_end > 30:
         stalled = f" | no step for {format_duration(now - state.last_end)}"
     shares = " ".join(
-        f"{_SHORT[p]} {stats[p]['share'] * 100:.0f}%" for p in ALL_PHASES if stats[p]["share"] is not None
+        f"{PHASE_SHORT[p]} {stats[p]['share'] * 100:.0f}%" for p in ALL_PHASES if stats[p]["share"] is not None
     )
     return (
         f"[perfmon] {format_duration(state.elapsed())} step {state.steps} | "

@@ -204,7 +204,7 @@ class DashboardShell(App[None]):
             info = PhaseInfo.from_state(self.state, span) if shows["phases"] else None
             device = DeviceInfo.from_state(self.state, span) if shows["resources"] else None
             host = HostInfo.from_state(self.state, span) if shows["resources"] else None
-            model = ModelInfo.from_state(self.state) if shows["model"] else None
+            model = ModelInfo.from_state(self.state, self.engine.cfg.memory_pressure) if shows["model"] else None
             ops_info = OpsInfo.from_state(self.state, ops.sort_index, self.now()) if shows["ops"] else None
             ranks = RanksInfo.from_job(self.job, self.selected, self.engine.cfg) if shows["ranks"] and self.job else None
             capturing = self.state.profiling is not None

@@ -85,7 +85,10 @@ class Config:
         defaults = cls()
         known = {f.name for f in fields(cls)}
         values: dict[str, Any] = {}
-        for key, value in {**data.get("thresholds", {}), **{k: v for k, v in data.items() if k != "thresholds"}}.items():
+        table = data.get("thresholds", {})
+        if not isinstance(table, dict):  # `thresholds = 3` instead of a [thresholds] table
+            raise ValueError(f"'thresholds' wants a table ([thresholds] and a setting a line), got {table!r}")
+        for key, value in {**table, **{k: v for k, v in data.items() if k != "thresholds"}}.items():
             key = key.replace("-", "_")
             if key in RETIRED:
                 raise ValueError(f"{key!r} is no longer a setting: {RETIRED[key]}")

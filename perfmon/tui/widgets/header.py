@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.style import Style
@@ -25,10 +25,6 @@ CPU_ONLY = "CPU only — no GPU"
 Pieces = tuple[tuple[str, str], ...]  # (text, style name)
 
 
-def _n(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def vitals(state: RunState, data_warn: float = Config.data_warn) -> Pieces:
     """The numbers that matter most, for every view: GPU, data share, MFU, CPU and RSS."""
     out: list[tuple[str, str]] = []
@@ -40,9 +36,9 @@ def vitals(state: RunState, data_warn: float = Config.data_warn) -> Pieces:
     gpus = state.gpus
     power: list[tuple[str, str]] = []  # last: the first to go on a narrow terminal
     if gpus:
-        utils = [u for u in (_n(g.util_gpu) for g in gpus) if u is not None]
-        used = [u for u in (_n(g.mem_used_bytes) for g in gpus) if u is not None]
-        total = [u for u in (_n(g.total_bytes) for g in gpus) if u is not None]
+        utils = [g.util_gpu for g in gpus if g.util_gpu is not None]
+        used = [g.mem_used_bytes for g in gpus if g.mem_used_bytes is not None]
+        total = [g.total_bytes for g in gpus if g.total_bytes is not None]
         label = "GPU " if len(gpus) == 1 else f"{len(gpus)} GPUs "
         out += [(label, "label"), (fmt.pct(sum(utils) / len(utils)) if utils else fmt.NA, "value"),
                 (" mem ", "label"),
@@ -50,7 +46,7 @@ def vitals(state: RunState, data_warn: float = Config.data_warn) -> Pieces:
         g0 = gpus[0]
         if any(g.throttled for g in gpus):
             out.append((" ⚠ throttled", "warn"))
-        watts, temp = _n(g0.power_w), _n(g0.temp_c)
+        watts, temp = g0.power_w, g0.temp_c
         if len(gpus) == 1 and (watts is not None or temp is not None):
             power = [("", ""), (fmt.num(watts, "W"), "value"), (" ", "label"), (fmt.num(temp, "°C"), "value")]
     elif state.samples_seen or state.meta.gpus_probed:
@@ -70,8 +66,8 @@ def vitals(state: RunState, data_warn: float = Config.data_warn) -> Pieces:
     host = state.host
     if host is not None:
         sep()
-        out += [("CPU ", "label"), (fmt.pct(_n(host.cpu_percent)), "value"),
-                (" RSS ", "label"), (fmt.nbytes(_n(host.rss_bytes), short=True), "value")]
+        out += [("CPU ", "label"), (fmt.pct(host.cpu_percent), "value"),
+                (" RSS ", "label"), (fmt.nbytes(host.rss_bytes, short=True), "value")]
     if power:
         sep()
         out += power[1:]

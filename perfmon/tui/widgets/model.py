@@ -12,6 +12,8 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from perfmon import messages
+from perfmon.analysis.metrics import Flops, MemoryBudget
+from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.charts import stacked_bar
@@ -19,9 +21,6 @@ from perfmon.tui.widgets.fmt import Num, number
 from perfmon.tui.widgets.styled import LinesPanel
 
 LABEL_W = 9
-BUDGET_KEYS = ("static_bytes", "peak_bytes", "activation_bytes", "per_sample_bytes", "batch", "max_batch",
-               "capacity_bytes", "margin")
-FLOP_KEYS = ("flops_per_step", "achieved_flops", "peak_tflops", "mfu")
 
 
 def _opt(flags: tuple[messages.OptimizerFlags, ...], name: str) -> str:
@@ -54,17 +53,21 @@ class ModelInfo:
     roots: tuple[str, ...]
     optimizers: tuple[str, ...]
     loader: str
-    budget: tuple[Num, ...]  # in BUDGET_KEYS order
-    budget_reason: str | None
-    steady_peak: bool  # the budget's peak is the steady-state per-step one (window peaks), not since start
-    flops: tuple[Num, ...]  # in FLOP_KEYS order
-    peak_source: str | None
-    flops_reason: str | None
+    budget: MemoryBudget
+    flops: Flops
     has_model: bool
+    #: a margin below this shows as bad: what is left when the memory-pressure rule's threshold is reached
+    margin_warn: float = 1.0 - Config.memory_pressure
+
+    @property
+    def steady_peak(self) -> bool:
+        """The budget's peak is the steady-state per-step one (window peaks), not the one since start."""
+        return self.budget.peak_source == "steady state"
 
     @classmethod
-    def from_state(cls, state: RunState) -> ModelInfo:
-        """Derive the panel from ``state`` (call with the state lock held)."""
+    def from_state(cls, state: RunState, memory_pressure: float = Config.memory_pressure) -> ModelInfo:
+        """Derive the panel from ``state`` (call with the state lock held); ``memory_pressure``: the rule's
+        threshold in force (``--rules``)."""
         m = state.model or messages.ModelInfo()
         b = state.memory_budget()
         f = state.flops()
@@ -77,22 +80,8 @@ class ModelInfo:
             roots=m.roots,
             optimizers=tuple(_opt(m.optimizer_flags, o) for o in m.optimizers),
             loader=_loader(m.loaders[-1]) if m.loaders else "",
-            budget=tuple(number(v) for v in (  # in BUDGET_KEYS order
-                b.static_bytes, b.peak_bytes, b.activation_bytes, b.per_sample_bytes, b.batch, b.max_batch,
-                b.capacity_bytes, b.margin)),
-            steady_peak=b.peak_source == "steady state",
-            budget_reason=b.reason,
-            flops=tuple(number(v) for v in (f.flops_per_step, f.achieved_flops, f.peak_tflops, f.mfu)),
-            peak_source=f.peak_source,
-            flops_reason=f.reason,
-            has_model=m.params is not None,
+            budget=b, flops=f, has_model=m.params is not None, margin_warn=1.0 - memory_pressure,
         )
-
-    def b(self, key: str) -> Num:
-        return self.budget[BUDGET_KEYS.index(key)]
-
-    def f(self, key: str) -> Num:
-        return self.flops[FLOP_KEYS.index(key)]
 
 
 class ModelView:
@@ -125,29 +114,32 @@ class ModelView:
     def budget_lines(self, width: int) -> list[Text]:
         st, info = self.styles, self.info
         assert info is not None
-        b = info.b
+        b = info.budget
         line = self.row("budget")
-        if b("peak_bytes") is None:
-            return self.wrapped(line, f"n/a: {info.budget_reason or 'waiting for allocator statistics'}", width)
-        items = [("step peak" if info.steady_peak else "peak", fmt.nbytes(b("peak_bytes"))), ("activations", fmt.nbytes(b("activation_bytes")))]
-        if b("per_sample_bytes") is not None:
-            items.append(("", f"{fmt.nbytes(b('per_sample_bytes'))}/sample"))
+        peak = number(b.peak_bytes)
+        if peak is None:
+            return self.wrapped(line, f"n/a: {b.reason or 'waiting for allocator statistics'}", width)
+        items = [("step peak" if info.steady_peak else "peak", fmt.nbytes(peak)),
+                 ("activations", fmt.nbytes(number(b.activation_bytes)))]
+        if b.per_sample_bytes is not None:
+            items.append(("", f"{fmt.nbytes(number(b.per_sample_bytes))}/sample"))
         self.pairs(line, items)
         lines = [line]
         fits = self.row("")
-        if b("batch") is not None:
-            fits.append("batch ", st["label"]).append(fmt.num(b("batch")), st["value"])
-            if b("max_batch") is not None:
-                fits.append(" → the largest that fits ≈", st["label"]).append(fmt.num(b("max_batch")), st["good"])
-        margin = b("margin")
+        if b.batch is not None:
+            fits.append("batch ", st["label"]).append(fmt.num(number(b.batch)), st["value"])
+            if b.max_batch is not None:
+                fits.append(" → the largest that fits ≈", st["label"]).append(fmt.num(number(b.max_batch)), st["good"])
+        margin = number(b.margin)
         if margin is not None:
-            fits.append(" · " if b("batch") is not None else "", st["label"])
-            fits.append("margin ", st["label"]).append(fmt.share(margin), st["bad"] if margin < 0.1 else st["value"])
+            fits.append(" · " if b.batch is not None else "", st["label"])
+            fits.append("margin ", st["label"]).append(
+                fmt.share(margin), st["bad"] if margin < info.margin_warn else st["value"])
         if fits.cell_len > LABEL_W:
             lines.append(fits)
-        if info.budget_reason:
-            lines += self.wrapped(self.row(""), info.budget_reason, width)
-        capacity, static, peak = b("capacity_bytes"), b("static_bytes"), b("peak_bytes")
+        if b.reason:
+            lines += self.wrapped(self.row(""), b.reason, width)
+        capacity, static = number(b.capacity_bytes), number(b.static_bytes)
         legend = Text(no_wrap=True)
         legend.append(" █", st["static"]).append(" static ", st["label"]).append("▓", st["activation"])
         legend.append(" activations ", st["label"]).append("░", st["free"]).append(" free of ", st["label"])
@@ -165,34 +157,34 @@ class ModelView:
     def flops_lines(self, width: int = 80) -> list[Text]:
         st, info = self.styles, self.info
         assert info is not None
-        f = info.f
+        f = info.flops
         line = self.row("FLOPs")
-        per_step = f("flops_per_step")
+        per_step = number(f.flops_per_step)
         if per_step is None:
-            return [line.append(f"n/a: {info.flops_reason or 'not counted yet'}", st["muted"])]
+            return [line.append(f"n/a: {f.reason or 'not counted yet'}", st["muted"])]
         line.append(f"{fmt.si(per_step)}/step", st["value"])
-        achieved = f("achieved_flops")
-        line.append(" · achieved ", st["label"]).append(fmt.flops_rate(achieved), st["value"])
-        mfu = f("mfu")
+        line.append(" · achieved ", st["label"]).append(fmt.flops_rate(number(f.achieved_flops)), st["value"])
+        mfu = number(f.mfu)
         line.append(" · MFU ", st["label"])
         if mfu is not None:
             line.append(fmt.share(mfu), st["good"])
         else:
             line.append("n/a", st["muted"])
         second = self.row("")
-        if f("peak_tflops"):
-            second.append("of peak ", st["label"]).append(fmt.flops_rate((f("peak_tflops") or 0) * 1e12), st["value"])
-            if info.peak_source:
-                second.append(f" ({info.peak_source})", st["label"])
-        elif info.flops_reason:
-            return [line, *self.wrapped(second, info.flops_reason, width)]
+        peak_tflops = number(f.peak_tflops)
+        if peak_tflops:
+            second.append("of peak ", st["label"]).append(fmt.flops_rate(peak_tflops * 1e12), st["value"])
+            if f.peak_source:
+                second.append(f" ({f.peak_source})", st["label"])
+        elif f.reason:
+            return [line, *self.wrapped(second, f.reason, width)]
         return [line, second] if second.cell_len > LABEL_W else [line]
 
     def lines(self, width: int) -> list[Text]:
         st, info = self.styles, self.info
         if info is None or not info.has_model:
             lines = [Text("waiting for model facts (they come after the first forward pass)", st["muted"])]
-            if info is not None and info.f("flops_per_step") is not None:
+            if info is not None and number(info.flops.flops_per_step) is not None:
                 lines += self.flops_lines(width)
             return lines
         total, trainable, frozen = info.params

@@ -14,13 +14,12 @@ from textual.reactive import reactive
 from perfmon.analysis.job import JobState, RankRow, rank_rows, slowest, throughput
 from perfmon.analysis.job_report import job_status
 from perfmon.analysis.rules import Config, Finding, evaluate_job
-from perfmon.protocol import ALL_PHASES
+from perfmon.protocol import ALL_PHASES, PHASE_SHORT
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.styled import LinesPanel
 
-_SHORT = {"data": "data", "forward": "fwd", "backward": "bwd", "optimizer": "opt", "other": "other"}
 #: (heading, width) of the table's columns after the rank; GPU and CPU, then the status, only where they fit.
-_COLUMNS = (("node", 4), ("step", 7), ("p50 ms", 7), *((_SHORT[p], 6) for p in ALL_PHASES), ("mem", 7),
+_COLUMNS = (("node", 4), ("step", 7), ("p50 ms", 7), *((PHASE_SHORT[p], 6) for p in ALL_PHASES), ("mem", 7),
             ("GPU", 5), ("CPU", 5))
 _CORE = len(_COLUMNS) - 2
 _STATUS_W = 14
