@@ -57,7 +57,7 @@ def test_scalars_of_a_run(tmp_path: Path) -> None:
     from perfmon.analysis.rules import evaluate_once
 
     values = scalars(state, evaluate_once(state))
-    assert values["perfmon/step_ms"] == pytest.approx(state.phase_stats()["step"]["mean_ms"])
+    assert values["perfmon/step_ms"] == pytest.approx(state.phase_stats()["step"].mean_ms)
     assert sum(values[f"perfmon/{p}_share"] for p in ("data", "forward", "backward", "optimizer", "other")) \
         == pytest.approx(1.0, abs=1e-6)
     assert 0 < values["perfmon/gpu_util_percent"] <= 100 and values["perfmon/mfu"] > 0

@@ -124,13 +124,13 @@ def test_state_aggregates_recent_and_total():
     assert state.steps == 100
     assert len(state.recent) == 10
     total = state.phase_stats(recent=False)
-    assert total["step"]["mean_ms"] == pytest.approx(15.0)
-    assert total["step"]["p50_ms"] == pytest.approx(15.0, rel=0.4)  # between the two modes
-    assert total["step"]["p95_ms"] == pytest.approx(20.0, rel=0.02)
-    assert total["data"]["share"] == pytest.approx(100 / 1500)
-    assert sum(total[p]["share"] for p in protocol.ALL_PHASES) == pytest.approx(1.0)
+    assert total["step"].mean_ms == pytest.approx(15.0)
+    assert total["step"].p50_ms == pytest.approx(15.0, rel=0.4)  # between the two modes
+    assert total["step"].p95_ms == pytest.approx(20.0, rel=0.02)
+    assert total["data"].share == pytest.approx(100 / 1500)
+    assert sum(total[p].share for p in protocol.ALL_PHASES) == pytest.approx(1.0)
     recent = state.phase_stats(recent=True)
-    assert recent["step"]["mean_ms"] == pytest.approx(15.0)
+    assert recent["step"].mean_ms == pytest.approx(15.0)
     assert state.steps_per_s(recent=True) == pytest.approx(10 / (0.1 - 0.010 + 0.020), rel=0.2)
     assert state.samples_per_s(recent=False) == pytest.approx(32 * state.steps_per_s(recent=False))
 

@@ -113,8 +113,8 @@ async def test_phases_match_state(tmp_path: Path) -> None:
         recent, total = app.state.phase_stats(recent=True), app.state.phase_stats(recent=False)
         for phase in PHASE_ROWS:
             expected = [
-                fmt.ms(s[k]) if k != "share" else fmt.share(s[k])
-                for s in (recent[phase], total[phase]) for k in ("mean_ms", "p50_ms", "p95_ms", "share")
+                text_of for s in (recent[phase], total[phase])
+                for text_of in (fmt.ms(s.mean_ms), fmt.ms(s.p50_ms), fmt.ms(s.p95_ms), fmt.share(s.share))
             ]
             assert row_tokens(text, phase) == [expected], phase
         assert row_tokens(text, "optimizer")[0][0] == "3.50"  # the fixture's constant optimizer time

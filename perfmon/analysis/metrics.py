@@ -14,7 +14,19 @@ from perfmon.analysis.store import Store
 from perfmon.messages import HostSample
 from perfmon.protocol import ALL_PHASES
 
-PhaseStats = dict[str, dict[str, float | None]]
+
+@dataclass(frozen=True)
+class PhaseStat:
+    """One phase's (or the whole step's) times in ms and its share of step time; None: no steps to tell."""
+
+    mean_ms: float | None = None
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    share: float | None = None
+
+
+#: Each of protocol.ALL_PHASES, and "step" for the whole step.
+PhaseStats = dict[str, PhaseStat]
 
 
 @dataclass(frozen=True)
@@ -59,25 +71,16 @@ def phase_stats(store: Store, recent: bool = True) -> PhaseStats:
     for p in (*ALL_PHASES, "step"):
         tot = store.totals[p]
         n = tot.hist.n
-        out[p] = {
-            "mean_ms": tot.total_ms / n if n else None,
-            "p50_ms": tot.hist.quantile(0.5),
-            "p95_ms": tot.hist.quantile(0.95),
-            "share": tot.total_ms / total if total > 0 else None,
-        }
+        out[p] = PhaseStat(mean_ms=tot.total_ms / n if n else None, p50_ms=tot.hist.quantile(0.5),
+                           p95_ms=tot.hist.quantile(0.95), share=tot.total_ms / total if total > 0 else None)
     return out
 
 
-def _stats(values: list[float], total: float) -> dict[str, float | None]:
+def _stats(values: list[float], total: float) -> PhaseStat:
     if not values:
-        return {"mean_ms": None, "p50_ms": None, "p95_ms": None, "share": None}
-    n = len(values)
-    return {
-        "mean_ms": sum(values) / n,
-        "p50_ms": _quantile(values, 0.5),
-        "p95_ms": _quantile(values, 0.95),
-        "share": sum(values) / total if total > 0 else None,
-    }
+        return PhaseStat()
+    return PhaseStat(mean_ms=sum(values) / len(values), p50_ms=_quantile(values, 0.5),
+                     p95_ms=_quantile(values, 0.95), share=sum(values) / total if total > 0 else None)
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -165,7 +168,7 @@ def mean_cpu_percent(store: Store) -> float | None:
 def flops(store: Store) -> Flops:
     """FLOPs per step, achieved FLOP/s from the recent step time, and MFU where a peak is known."""
     per_step = store.model.flops_per_step if store.model else None
-    step_ms = phase_stats(store, recent=True)["step"]["mean_ms"]
+    step_ms = phase_stats(store, recent=True)["step"].mean_ms
     achieved = per_step / (step_ms / 1000.0) if per_step and step_ms else None
     peak = store.meta.peak_tflops
     source = "--peak-tflops" if peak else None

@@ -68,7 +68,8 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
 
         findings = evaluate_once(state)
     phases = state.phase_stats(recent=False)
-    shares = {p: phases[p]["share"] or 0.0 for p in ALL_PHASES}
+    step = phases["step"]
+    shares = {p: phases[p].share or 0.0 for p in ALL_PHASES}
     total_share = sum(shares.values())
     rounded = {p: round(shares[p] / total_share, 6) if total_share > 0 else 0.0 for p in ALL_PHASES}
     if total_share > 0:  # the rounding remainder goes to the largest share: the sum is exactly 1
@@ -91,14 +92,14 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
         "samples_per_s": _round(state.samples_per_s(recent=False), 2),
         "phases": {
             p: {
-                "mean_ms": _round(phases[p]["mean_ms"]) or 0.0,
-                "p50_ms": _round(phases[p]["p50_ms"]) or 0.0,
-                "p95_ms": _round(phases[p]["p95_ms"]) or 0.0,
+                "mean_ms": _round(phases[p].mean_ms) or 0.0,
+                "p50_ms": _round(phases[p].p50_ms) or 0.0,
+                "p95_ms": _round(phases[p].p95_ms) or 0.0,
                 "share": rounded[p],
             }
             for p in ALL_PHASES
         },
-        "step_ms": {k: _round(v) for k, v in phases["step"].items() if k != "share"},
+        "step_ms": {"mean_ms": _round(step.mean_ms), "p50_ms": _round(step.p50_ms), "p95_ms": _round(step.p95_ms)},
         "outside_steps": _outside(state),
         "profiled_steps": state.windowed_steps,  # inside profiler/FLOP windows: left out of "phases" and "step_ms"
         "closures_per_step": _round(state.closures_per_step(), 3),
@@ -196,7 +197,7 @@ def status_line(state: RunState, now: float | None = None) -> str:
     if state.exit is None and state.last_end is not None and now - state.last_end > 30:
         stalled = f" | no step for {format_duration(now - state.last_end)}"
     shares = " ".join(
-        f"{PHASE_SHORT[p]} {stats[p]['share'] * 100:.0f}%" for p in ALL_PHASES if stats[p]["share"] is not None
+        f"{PHASE_SHORT[p]} {(stats[p].share or 0.0) * 100:.0f}%" for p in ALL_PHASES if stats[p].share is not None
     )
     return (
         f"[perfmon] {format_duration(state.elapsed())} step {state.steps} | "

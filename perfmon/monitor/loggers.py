@@ -35,14 +35,13 @@ def scalars(state: RunState, findings: list[Finding]) -> dict[str, float]:
     out: dict[str, float] = {}
     stats = state.phase_stats(recent=True)
     for phase in (*ALL_PHASES, "step"):
-        mean = stats[phase]["mean_ms"]
-        if mean is not None:
-            out[f"perfmon/{phase}_ms"] = mean
-        share = stats[phase].get("share")
-        if phase != "step" and share is not None:
-            out[f"perfmon/{phase}_share"] = share
-    if stats["step"]["p50_ms"] is not None:
-        out["perfmon/step_p50_ms"] = stats["step"]["p50_ms"]
+        stat = stats[phase]
+        if stat.mean_ms is not None:
+            out[f"perfmon/{phase}_ms"] = stat.mean_ms
+        if phase != "step" and stat.share is not None:
+            out[f"perfmon/{phase}_share"] = stat.share
+    if stats["step"].p50_ms is not None:
+        out["perfmon/step_p50_ms"] = stats["step"].p50_ms
     for key, value in (("steps_per_s", state.steps_per_s()), ("samples_per_s", state.samples_per_s()),
                        ("mfu", state.flops().mfu)):
         if value is not None:

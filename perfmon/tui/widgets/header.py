@@ -52,7 +52,7 @@ def vitals(state: RunState, data_warn: float = Config.data_warn) -> Pieces:
     elif state.samples_seen or state.meta.gpus_probed:
         out.append(("no GPU", "cpu"))
     stats = state.phase_stats(recent=True)
-    data = stats.get("data", {}).get("share")
+    data = stats["data"].share
     if data is not None:
         sep()
         out += [("data ", "label"), (fmt.share(data), "warn" if data > data_warn else "value")]

@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.geometry import Size
 from textual.reactive import reactive
 
+from perfmon.analysis.metrics import PhaseStat, PhaseStats
 from perfmon.analysis.report import NO_STEPS
 from perfmon.analysis.state import RunState
 from perfmon.protocol import ALL_PHASES
@@ -26,15 +27,13 @@ TABLE_LINES = 2 + len(ROWS)
 SIDE_CHART_MIN = 30  # chart beside the table when at least this many columns are left
 BAR_MIN = 12  # cells the share bar keeps when notes share its line
 
-Stats = dict[str, dict[str, float | None]]
-
 
 @dataclass(frozen=True)
 class PhaseInfo:
     """What the panel shows; equal values mean nothing to redraw."""
 
-    recent: tuple[tuple[str, tuple[float | None, ...]], ...]
-    total: tuple[tuple[str, tuple[float | None, ...]], ...]
+    recent: tuple[tuple[str, PhaseStat], ...]  # (phase or "step", its stats), as metrics.phase_stats gives them
+    total: tuple[tuple[str, PhaseStat], ...]
     recent_n: int
     total_n: int
     series: tuple[float, ...]
@@ -48,8 +47,8 @@ class PhaseInfo:
         """Derive the panel from ``state`` (call with the state lock held)."""
         label, seconds = SPANS[span_index % len(SPANS)]
         return cls(
-            recent=_freeze(state.phase_stats(recent=True)),
-            total=_freeze(state.phase_stats(recent=False)),
+            recent=tuple(state.phase_stats(recent=True).items()),
+            total=tuple(state.phase_stats(recent=False).items()),
             recent_n=sum(1 for s in state.recent if not s.windowed),
             total_n=state.totals["step"].hist.n,
             series=tuple(state.step_series.values(seconds)),
@@ -59,10 +58,9 @@ class PhaseInfo:
             ended=state.exit is not None,
         )
 
-    def stats(self, recent: bool = True) -> Stats:
-        """The stats back as ``{phase: {mean_ms, p50_ms, p95_ms, share}}``."""
-        keys = ("mean_ms", "p50_ms", "p95_ms", "share")
-        return {p: dict(zip(keys, v, strict=True)) for p, v in (self.recent if recent else self.total)}
+    def stats(self, recent: bool = True) -> PhaseStats:
+        """The stats back as ``{phase: PhaseStat}``."""
+        return dict(self.recent if recent else self.total)
 
 
 def notes_line(state: RunState) -> str:
@@ -79,12 +77,6 @@ def notes_line(state: RunState) -> str:
     if state.windowed_steps:
         parts.append(f"{fmt.count(state.windowed_steps)} profiled steps left out")
     return " · ".join(parts)
-
-
-def _freeze(stats: Stats) -> tuple[tuple[str, tuple[float | None, ...]], ...]:
-    return tuple(
-        (p, (s.get("mean_ms"), s.get("p50_ms"), s.get("p95_ms"), s.get("share"))) for p, s in stats.items()
-    )
 
 
 class PhasesView:
@@ -117,10 +109,10 @@ class PhasesView:
             else:
                 line.append("■ ", st[p]).append(p.ljust(NAME_W - 2), st["name"])
             for i, stats in enumerate((recent, total)):
-                s = stats.get(p, {})
-                nums = "".join(fmt.ms(s.get(k)).rjust(NUM_W) for k in ("mean_ms", "p50_ms", "p95_ms"))
+                s = stats.get(p, PhaseStat())
+                nums = "".join(fmt.ms(v).rjust(NUM_W) for v in (s.mean_ms, s.p50_ms, s.p95_ms))
                 line.append(nums, st["step"] if p == "step" else st["value"])
-                line.append(fmt.share(s.get("share")).rjust(SHARE_W), st["share"])
+                line.append(fmt.share(s.share).rjust(SHARE_W), st["share"])
                 if i == 0:
                     line.append(" " * GAP)
             lines.append(line)
@@ -130,7 +122,7 @@ class PhasesView:
         """The stacked share bar; the notes (time outside steps, ...) share its line, so the height never changes."""
         assert self.info is not None
         recent = self.info.stats(True)
-        shares = [(p, recent[p]["share"] or 0.0) for p in ALL_PHASES if p in recent]
+        shares = [(p, recent[p].share or 0.0) for p in ALL_PHASES if p in recent]
         notes = self.info.notes
         bar_w = max(BAR_MIN, width - len(notes) - 2) if notes else width
         line = Text(no_wrap=True)
