@@ -133,6 +133,8 @@ def test_state_aggregates_recent_and_total():
     assert recent["step"].mean_ms == pytest.approx(15.0)
     assert state.steps_per_s(recent=True) == pytest.approx(10 / (0.1 - 0.010 + 0.020), rel=0.2)
     assert state.samples_per_s(recent=False) == pytest.approx(32 * state.steps_per_s(recent=False))
+    line = status_line(state, now=1001.0)  # the headless status line reads the same stats
+    assert "step 100 |" in line and "step 15.0 ms | data 7% fwd" in line, line
 
 
 def test_a_bad_value_stops_its_message_but_the_rows_before_it_count():

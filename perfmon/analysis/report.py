@@ -202,7 +202,7 @@ def status_line(state: RunState, now: float | None = None) -> str:
     return (
         f"[perfmon] {format_duration(state.elapsed())} step {state.steps} | "
         f"{_fmt_rate(state.steps_per_s(), 'steps/s')} | {_fmt_rate(state.samples_per_s(), 'samples/s')} | "
-        f"step {_fmt_ms(stats['step']['mean_ms'])} ms | {shares or 'waiting for the first step'}{stalled}"
+        f"step {_fmt_ms(stats['step'].mean_ms)} ms | {shares or 'waiting for the first step'}{stalled}"
     )
 
 
