@@ -309,10 +309,14 @@ class Agent:
                 batch[1].append(data if live is None else live)
                 return
             self._write_batch()  # another thread publishes meanwhile: the tick's lines so far go first (seq order)
+        self._send(data, data if live is None else live)
+
+    def _send(self, data: bytes, live: bytes) -> None:
+        """Record ``data``, then send ``live`` to the monitors (the caller holds the lock)."""
         self.recorder.write(data)
         server = self.server
         if server is not None and server.client_count:
-            server.broadcast(data if live is None else live)
+            server.broadcast(live)
 
     @contextlib.contextmanager
     def _batched(self) -> Iterator[None]:
@@ -333,10 +337,7 @@ class Agent:
         batch = self._batch
         if batch is None or not batch[0]:
             return
-        self.recorder.write(b"".join(batch[0]))
-        server = self.server
-        if server is not None and server.client_count:
-            server.broadcast(b"".join(batch[1]))
+        self._send(b"".join(batch[0]), b"".join(batch[1]))
         batch[0].clear()
         batch[1].clear()
 
@@ -364,7 +365,10 @@ class Agent:
         with self._lock:
             self._seq += 1
             head = f'{{"seq":{self._seq},'
-            self._out((head + body[1:] + "\n").encode(), None if live is None else (head + live[1:] + "\n").encode())
+            server = self.server
+            watched = server is not None and server.client_count  # else the live text is never sent: not built
+            self._out((head + body[1:] + "\n").encode(),
+                      (head + live[1:] + "\n").encode() if live is not None and watched else None)
         self._report_recording_error()
         if self._deferred:
             self._run_deferred()

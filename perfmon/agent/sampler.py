@@ -152,7 +152,8 @@ class Sampler:
     def _job_fields(self, any_gpu: bool) -> str:
         """What the job adds to a fed reading, as JSON members: who sampled, its own CPU for it, torch's
         threads, whether CUDA is initialised here (NVML's "no context yet" for the job then means "not
-        visible"), and the CUDA allocator's counters."""
+        visible"), and the CUDA allocator's counters (where CUDA is initialised, whether or not NVML sees a GPU,
+        as the job's own sampler sends them)."""
         out = f',"sampled_by":"launcher","sampler_cpu_s":{round(self.cpu_s, 6)!r}'
         commands = self.agent.commands
         threads = commands.torch_threads if commands is not None else None
@@ -160,9 +161,9 @@ class Sampler:
             out += f',"torch_threads":{int(threads)}'
         if any_gpu and cuda_initialized():
             out += ',"cuda_context":true'
-            mem = self.cuda.sample(self._cuda_device)
-            if mem is not None:
-                out += ',"cuda_mem":' + json.dumps(mem, separators=(",", ":"))
+        mem = self.cuda.sample(self._cuda_device)  # None before torch initialises CUDA
+        if mem is not None:
+            out += ',"cuda_mem":' + json.dumps(mem, separators=(",", ":"))
         return out
 
     def _slow_facts(self) -> None:
