@@ -75,3 +75,27 @@ class Tail:
         """The partial last line so far (``b""`` if none), given up: the writer is done."""
         rest, self._partial = self._partial, b""
         return rest
+
+
+#: Lines of the script's output a reader keeps (the dashboard's log panel holds no more).
+OUTPUT_LINES = 5000
+
+
+class OutputTail:
+    """New complete lines of one output file as text; starts near its end, survives truncation."""
+
+    FIRST_BYTES = 256 * 1024  # how much of an existing file to show at first
+    CHUNK = 4 * 1024 * 1024  # most read per call
+    MAX_PARTIAL = 64 * 1024  # an unterminated line longer than this is shown as is
+
+    def __init__(self, path: Path) -> None:
+        self.tail = Tail(path, max_read=self.CHUNK, max_line=self.MAX_PARTIAL, near_end=self.FIRST_BYTES)
+
+    def read(self) -> list[str]:
+        """New complete lines since the last call (at most OUTPUT_LINES: a log panel keeps no more)."""
+        return [line.decode("utf-8", "replace") for line in self.tail.lines()[-OUTPUT_LINES:]]
+
+    def flush(self) -> list[str]:
+        """The unterminated last line, if any."""
+        rest = self.tail.flush()
+        return [rest.decode("utf-8", "replace")] if rest else []

@@ -94,6 +94,10 @@ def test_visible_devices_used_by_sampler(monkeypatch):
 
 
 def test_host_sampler_real_numbers():
+    import psutil
+
+    # an earlier test's Agent.finish may have left its detached summary writer running as this process's child
+    psutil.wait_procs(psutil.Process().children(), timeout=120)
     s = HostSampler()
     sum(i * i for i in range(200_000))  # some CPU time between the two readings
     h = s.sample()

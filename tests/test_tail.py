@@ -12,8 +12,7 @@ import pytest
 from perfmon import protocol
 from perfmon.monitor.headless import LogTail
 from perfmon.recording import RecordingReader
-from perfmon.tail import Tail
-from perfmon.tui.widgets.logpanel import OutputTail
+from perfmon.tail import OutputTail, Tail
 
 # A case: Tail options, then steps of (what happens to the file, its bytes, what ``lines()`` gives next).
 #   append: bytes added at the end; write: the file rewritten in place (truncated); replace: a new file

@@ -25,11 +25,12 @@ from perfmon import protocol
 from perfmon.analysis.state import RunState
 from perfmon.messages.commands import Command
 from perfmon.monitor.sources import ReplaySource, Source
+from perfmon.tail import OutputTail
 from perfmon.tui.app import PerfmonApp
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.charts import SPANS
 from perfmon.tui.widgets.dialogs import HelpScreen, QuitScreen
-from perfmon.tui.widgets.logpanel import LogPanel, OutputTail, clean_line, last_frame
+from perfmon.tui.widgets.logpanel import LogPanel, clean_line, last_frame
 from perfmon.tui.widgets.phases import PhasesPanel
 
 PHASE_ROWS = (*protocol.ALL_PHASES, "step")

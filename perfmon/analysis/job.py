@@ -16,6 +16,7 @@ from typing import Any
 from perfmon import paths
 from perfmon.analysis.records import Step
 from perfmon.analysis.state import RunState
+from perfmon.messages import Reset, parse
 from perfmon.protocol import ALL_PHASES
 
 #: The key a job source adds to each message: which rank sent it.
@@ -40,10 +41,13 @@ class JobState:
         return state
 
     def apply(self, msg: dict[str, Any]) -> None:
+        """Fold one message of the merged stream into the state of the rank it is tagged with (parsed once,
+        here: the tags are the job source's, the rest is the rank's own message)."""
         rank = msg.get(RANK_KEY)
         if not isinstance(rank, int):
             return
-        if msg.get("type") == "reset":
+        m = parse(msg)
+        if isinstance(m, Reset):  # a replay restarting: every rank starts over
             self.ranks.clear()
             self.attempts.clear()
             return
@@ -55,7 +59,7 @@ class JobState:
         if attempt > known:
             self.ranks[rank] = RunState()  # a restarted worker: a new process, its own numbering
         self.attempts[rank] = attempt
-        self.rank(rank).apply({k: v for k, v in msg.items() if k not in (RANK_KEY, ATTEMPT_KEY)})
+        self.rank(rank).apply(m)
 
     def process_exited(self, returncode: int) -> None:
         """The job's launcher ended: ranks that recorded no exit of their own ended with it."""

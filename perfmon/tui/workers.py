@@ -19,7 +19,7 @@ from perfmon.analysis.job import JobState
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import Source
-from perfmon.tui.widgets.logpanel import MAX_LINES, OutputTail
+from perfmon.tail import OUTPUT_LINES, OutputTail
 
 COALESCE_S = 1.0  # state changes are posted at most this often: the dashboard redraws about once a second
 OUTPUT_S = 1.0  # new output lines at most this often: each write lays the screen out again
@@ -125,7 +125,7 @@ def tail_output(run_dir: Callable[[], Any], post: Post, stop: threading.Event,
             pending.extend(line for tail in tails for line in tail.flush())
         now = time.monotonic()
         if pending and (ended or now - last_post >= OUTPUT_S):
-            post(OutputLines(pending[-MAX_LINES:]))
+            post(OutputLines(pending[-OUTPUT_LINES:]))
             pending, last_post = [], now
         if ended and not lines:
             return

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -12,9 +11,8 @@ from textual.containers import Vertical
 from textual.reactive import reactive
 from textual.widgets import Log, Static
 
-from perfmon.tail import Tail
+from perfmon.tail import OUTPUT_LINES as MAX_LINES
 
-MAX_LINES = 5000
 _ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
 
@@ -33,26 +31,6 @@ def last_frame(traceback: str | None) -> str | None:
             path, lineno, func = match.groups()
             return f"{path.rsplit('/', 1)[-1]}:{lineno} in {func}"
     return None
-
-
-class OutputTail:
-    """New complete lines of one output file as text; starts near its end, survives truncation."""
-
-    FIRST_BYTES = 256 * 1024  # how much of an existing file to show at first
-    CHUNK = 4 * 1024 * 1024  # most read per call
-    MAX_PARTIAL = 64 * 1024  # an unterminated line longer than this is shown as is
-
-    def __init__(self, path: Path) -> None:
-        self.tail = Tail(path, max_read=self.CHUNK, max_line=self.MAX_PARTIAL, near_end=self.FIRST_BYTES)
-
-    def read(self) -> list[str]:
-        """New complete lines since the last call (at most MAX_LINES: the panel keeps no more)."""
-        return [line.decode("utf-8", "replace") for line in self.tail.lines()[-MAX_LINES:]]
-
-    def flush(self) -> list[str]:
-        """The unterminated last line, if any."""
-        rest = self.tail.flush()
-        return [rest.decode("utf-8", "replace")] if rest else []
 
 
 class LogPanel(Vertical):
