@@ -490,6 +490,72 @@ def test_sigterm_to_training_process_gives_143_and_live_status(background, env, 
     assert leftovers(env, bg.train_pid) == []
 
 
+#: A script that handles preemption as training scripts do: SIGUSR1 is a notice (noted, training goes on), SIGTERM
+#: ends the loop, a checkpoint is saved, exit 0.
+PREEMPTIBLE = """
+import signal, sys, time
+import torch
+from torch import nn
+stop = False
+def on_term(sig, frame):
+    global stop
+    stop = True
+def on_usr1(sig, frame):
+    print("preemption notice", flush=True)
+    open("usr1", "w").close()
+signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGUSR1, on_usr1)
+model = nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+steps = 0
+while not stop:
+    opt.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    steps += 1
+    if steps == 3:
+        open("ready", "w").close()
+    time.sleep(0.01)
+torch.save(model.state_dict(), "ckpt.pt")
+print(f"checkpoint saved after {steps} steps", flush=True)
+sys.exit(0)
+"""
+
+
+def test_sigterm_and_sigusr1_to_perfmon_reach_the_scripts_own_handlers(background, env, tmp_path):
+    """`kill PID`, `timeout`, `docker stop` or a scheduler signal perfmon, not the job: SIGTERM and SIGUSR1 go on to
+    the job as they are, so its handlers run as under plain python (a checkpoint, exit 0), never a KeyboardInterrupt."""
+    (tmp_path / "preempt.py").write_text(PREEMPTIBLE)
+    run = tmp_path / "run"
+    bg = background(["--headless", "--interval", "0.3", "--run-dir", str(run), "preempt.py"], cwd=tmp_path)
+    bg.train_pid = hello_pid(run)
+    wait_for(lambda: (tmp_path / "ready").exists() and "[perfmon] " in bg.stderr, "training and a status line")
+    bg.popen.send_signal(signal.SIGUSR1)
+    wait_for(lambda: (tmp_path / "usr1").exists(), "the script's SIGUSR1 handler")
+    assert bg.popen.poll() is None  # a notice: perfmon and the job go on
+    bg.popen.send_signal(signal.SIGTERM)
+    assert bg.wait() == 0, bg.stderr
+    assert (tmp_path / "ckpt.pt").exists()
+    saved = re.search(r"^checkpoint saved after (\d+) steps$", bg.stdout, re.M)
+    assert saved and "preemption notice" in bg.stdout, bg.stdout
+    rep = report(run, env)
+    assert rep["exit_code"] == 0 and rep["signal"] is None and rep["exception"] is None
+    assert rep["steps"] == int(saved.group(1))
+
+
+def test_sigterm_to_perfmon_ends_a_script_without_a_handler_with_143(background, env, tmp_path):
+    run, gate = tmp_path / "run", tmp_path / "gate"
+    bg = background(["--headless", "--interval", "0.3", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",
+                     "--steps", "1000", "--hold-at", "5", "--gate", str(gate)])
+    bg.train_pid = hello_pid(run)
+    wait_for(lambda: has_steps(run, 5) and "[perfmon] " in bg.stderr, "5 steps and a status line")
+    bg.popen.send_signal(signal.SIGTERM)
+    assert bg.wait() == 143, bg.stderr
+    rep = report(run, env)
+    assert rep["exit_code"] == 143 and rep["signal"] == "SIGTERM" and rep["steps"] == 5
+    assert "KeyboardInterrupt" not in (run / "stderr.log").read_text()
+
+
 def test_sigkill_to_training_process_is_recorded_by_the_monitor(background, env, tmp_path):
     run, gate = tmp_path / "run", tmp_path / "gate"
     bg = background(["--headless", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",

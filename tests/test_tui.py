@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +45,7 @@ class FakeProcess:
         self.pid = PID
         self.run_dir = run_dir
         self.stops = 0
+        self.forwarded: list[int] = []
         self.returncode: int | None = None
         self._done = threading.Event()
 
@@ -56,6 +59,9 @@ class FakeProcess:
 
     def stop(self) -> None:
         self.stops += 1
+
+    def forward(self, sig: int) -> None:
+        self.forwarded.append(sig)
 
     def end(self, returncode: int) -> None:
         self.returncode = returncode
@@ -219,6 +225,43 @@ async def test_q_on_running_job_then_stop(tmp_path: Path) -> None:
         await wait_until(pilot, lambda: not app.is_running)
     assert app.outcome == "stopped"
     assert app.process.stops == 1
+
+
+@pytest.fixture
+def survivable_signals() -> Iterator[None]:
+    """SIGTERM and SIGUSR1 handled by a no-op while a test sends them to itself: if the dashboard installs no handler
+    of its own, the test fails instead of killing pytest."""
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+async def test_signals_to_perfmon_go_on_to_the_launched_job(tmp_path: Path, survivable_signals: None) -> None:
+    """SIGUSR1 sent to perfmon reaches the job and the dashboard stays; SIGTERM reaches it too, and the dashboard
+    leaves (the terminal restored) with the outcome that has perfmon wait for the job, never escalating."""
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        await wait_until(pilot, lambda: app.process.forwarded == [signal.SIGUSR1])
+        assert app.is_running
+        os.kill(os.getpid(), signal.SIGTERM)
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.process.forwarded == [signal.SIGUSR1, signal.SIGTERM]
+    assert app.outcome == "signalled" and app.process.stops == 0
+
+
+async def test_sigterm_to_an_attached_dashboard_detaches(tmp_path: Path, survivable_signals: None) -> None:
+    run_dir = write_recording(tmp_path / "run", exit=None)  # followed, no process of ours: someone else's job
+    app = PerfmonApp(RunState(), ReplaySource(run_dir, follow=True, poll=0.05), run_dir)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.state.steps == 3000)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.outcome == "detached"
 
 
 async def test_escape_cancels_then_job_ends_and_dashboard_stays(tmp_path: Path) -> None:

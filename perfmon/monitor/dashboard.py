@@ -9,7 +9,7 @@ from typing import Any
 from perfmon import paths
 from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
-from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording
+from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording, signals_to
 from perfmon.monitor.sources import connect
 
 
@@ -28,6 +28,7 @@ def _early_exit(proc: TrainingProcess) -> int:
 def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: Any = None) -> int:
     """Open the Textual dashboard on ``proc``; returns perfmon's exit status."""
     from perfmon.tui.app import PerfmonApp
+    from perfmon.tui.shell import SIGNALLED
 
     if proc.target.torchrun:
         return _run_job_dashboard(proc, rules, exports)
@@ -52,14 +53,17 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
             file=sys.stderr,
         )
         return 0
-    if outcome == "stopped" and proc.alive():
-        print(f"perfmon: stopping training (pid {proc.pid})...", file=sys.stderr)
-        _wait_stopping(proc)
-    returncode = proc.wait()
+    with signals_to(proc):  # waiting for the job: Ctrl-C and SIGTERM still reach it
+        if outcome == "stopped" and proc.alive():
+            print(f"perfmon: stopping training (pid {proc.pid})...", file=sys.stderr)
+            _wait_stopping(proc)
+        elif outcome == SIGNALLED and proc.alive():
+            print(f"perfmon: SIGTERM passed on to training (pid {proc.pid}); waiting for it to end...", file=sys.stderr)
+        returncode = proc.wait()
     # Let the stream finish so the final state (and any exit record we add) is complete.
     source.close()
     # the dashboard stopped reading when it closed: a job stopped from it ended after that
-    finalize_recording(proc.run_dir, state, returncode, rules, complete=outcome != "stopped")
+    finalize_recording(proc.run_dir, state, returncode, rules, complete=outcome not in ("stopped", SIGNALLED))
     print(f"perfmon: {state.status}; run dir {proc.run_dir}", file=sys.stderr)
     return exit_status(returncode)
 
@@ -85,6 +89,7 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
     from perfmon.analysis.job import JobState
     from perfmon.monitor.job_run import finalize_job, job_source, start_nodes
     from perfmon.tui.app import PerfmonApp
+    from perfmon.tui.shell import SIGNALLED
 
     job = JobState()
     source = job_source(proc)
@@ -106,10 +111,14 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
               f"  output:    {proc.run_dir / paths.OUTPUT_LOG}, {paths.STDERR_LOG}\n"
               f"  recording: {proc.run_dir}/rank-*/events.jsonl  (perfmon report {proc.run_dir})", file=sys.stderr)
         return 0
-    if outcome == "stopped" and proc.alive():
-        print(f"perfmon: stopping the job (torchrun pid {proc.pid})...", file=sys.stderr)
-        _wait_stopping(proc)
-    returncode = proc.wait()
+    with signals_to(proc):
+        if outcome == "stopped" and proc.alive():
+            print(f"perfmon: stopping the job (torchrun pid {proc.pid})...", file=sys.stderr)
+            _wait_stopping(proc)
+        elif outcome == SIGNALLED and proc.alive():
+            print(f"perfmon: SIGTERM passed on to the job (torchrun pid {proc.pid}); waiting for it to end...",
+                  file=sys.stderr)
+        returncode = proc.wait()
     source.close()
     summary = finalize_job(proc.run_dir, job, returncode, rules)
     from perfmon.analysis.job_report import job_status

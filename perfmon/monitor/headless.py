@@ -7,7 +7,6 @@ dashboard.
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
 from perfmon.analysis.state import RunState
-from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording
+from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording, signals_to
 from perfmon.monitor.sources import ReplaySource, Source, connect
 from perfmon.tail import Tail
 
@@ -81,14 +80,7 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
     said_wandb = False
     lock = threading.Lock()
     tail = ScriptOutput(proc.run_dir)
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def forward(signum: int, frame: Any) -> None:
-        proc.stop()  # Ctrl-C stops the job, as it would without perfmon; the monitor waits for it
-
-    for s in previous:
-        signal.signal(s, forward)
-    try:
+    with signals_to(proc):
         source = connect(proc)
         if exports is not None:  # --prometheus, --tensorboard, --wandb (perfmon.monitor.exports)
             exports.watch(lock, lambda: state, cfg=rules, send=source.send)
@@ -133,6 +125,3 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
         if exports is not None:
             exports.close()
         return exit_status(returncode)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)

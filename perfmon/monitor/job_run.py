@@ -3,7 +3,6 @@ when the launcher ends, complete each rank's recording and write the job's summa
 
 from __future__ import annotations
 
-import signal
 import sys
 import threading
 import time
@@ -17,7 +16,7 @@ from perfmon.analysis.report import ReportError
 from perfmon.analysis.rules import Config, evaluate_job
 from perfmon.monitor.headless import ScriptOutput
 from perfmon.monitor.job_source import JobSource
-from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording
+from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording, signals_to
 
 
 def job_source(proc: TrainingProcess) -> JobSource:
@@ -84,15 +83,8 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
     job = JobState()
     lock = threading.Lock()
     tail = ScriptOutput(proc.run_dir)
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     said: set[tuple[str, Any]] = set()
-
-    def forward(signum: int, frame: Any) -> None:
-        proc.stop()  # torchrun stops its workers, as without perfmon
-
-    for s in previous:
-        signal.signal(s, forward)
-    try:
+    with signals_to(proc):
         source = job_source(proc)
         if exports is not None:  # one label set / series per rank
             exports.watch(lock, job=job, cfg=rules, send=source.send)
@@ -141,6 +133,3 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             else:
                 print(f"perfmon: no rank recorded anything (see {proc.run_dir / paths.STDERR_LOG})", file=err, flush=True)
         return exit_status(returncode)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)

@@ -2,7 +2,8 @@
 
 The job runs in its own session (a terminal hang-up does not reach it), its stdout goes to
 ``RUN/output.log`` and its stderr to ``RUN/stderr.log``, stdin is /dev/null. The monitor is only
-a reader: if it dies, the job goes on and its recording stays complete.
+a reader: if it dies, the job goes on and its recording stays complete. Signals sent to perfmon that
+would have reached the script under plain python (SIGTERM, SIGUSR1, SIGUSR2) are passed on to it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,6 +168,8 @@ class TrainingProcess:
         self.popen: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
         self._stops = 0
+        #: the last signal passed on with :meth:`forward` (None: none)
+        self.forwarded: int | None = None
         #: Where the job's socket and discovery file go (chosen at start); None: no socket at all.
         self.runtime_dir: Path | None = None
         self._private_runtime: Path | None = None  # made for this job alone; removed when it ends
@@ -277,10 +282,46 @@ class TrainingProcess:
         """Ask the job to stop: SIGINT first (KeyboardInterrupt), then SIGTERM, then SIGKILL."""
         sig = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(self._stops, 2)]
         self._stops += 1
+        self._signal(sig)
+
+    def forward(self, sig: int) -> None:
+        """Pass on a signal that perfmon got (one of :data:`FORWARDED`), as it is: what it would have done to the
+        script run by plain python, the script's own handler included. perfmon never escalates it."""
+        self.forwarded = sig
+        self._signal(sig)
+
+    def _signal(self, sig: int) -> None:
         try:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+#: Signals perfmon passes on to the job it launched, as they are: plain python would have got them (``kill PID``,
+#: ``timeout``, ``docker stop``, a scheduler's preemption notice), and scripts handle them (a checkpoint, then exit).
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@contextmanager
+def signals_to(proc: TrainingProcess) -> Iterator[None]:
+    """While perfmon (its main thread) waits on ``proc``: Ctrl-C stops the job as it would stop it without perfmon
+    (SIGINT to its process group; SIGTERM, then SIGKILL, if repeated), and the :data:`FORWARDED` signals go on to it
+    as they are. The previous handlers come back after."""
+
+    def stop(signum: int, frame: Any) -> None:
+        proc.stop()
+
+    def forward(signum: int, frame: Any) -> None:
+        proc.forward(signum)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, *FORWARDED)}
+    for s in previous:
+        signal.signal(s, stop if s == signal.SIGINT else forward)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def exit_status(returncode: int) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from pathlib import Path
 from typing import Any, cast
 
@@ -10,7 +12,8 @@ from textual.binding import Binding
 from perfmon import protocol
 from perfmon.analysis.profile_window import export_text
 from perfmon.messages.commands import Command, CommandName
-from perfmon.tui.shell import DETACHED, QUIT, STOPPED, DashboardShell
+from perfmon.monitor.launch import FORWARDED
+from perfmon.tui.shell import DETACHED, QUIT, SIGNALLED, STOPPED, DashboardShell
 from perfmon.tui.widgets.charts import SPANS
 from perfmon.tui.widgets.dialogs import DETACH, STOP, HelpScreen, QuitScreen
 from perfmon.tui.widgets.findings import FindingsPanel
@@ -67,6 +70,33 @@ class PerfmonApp(DashboardShell):
     """The live dashboard. After :meth:`run`, :attr:`outcome` says how it ended."""
 
     BINDINGS = KEYS
+
+    def on_mount(self) -> None:
+        try:  # the asyncio way: the handler runs in the app's loop, never inside a drawing
+            loop = asyncio.get_running_loop()
+            for sig in FORWARDED:
+                loop.add_signal_handler(sig, self.on_signal, sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no such signal here
+            pass
+
+    def on_unmount(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            for sig in FORWARDED:
+                loop.remove_signal_handler(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+    def on_signal(self, sig: int) -> None:
+        """SIGTERM, SIGUSR1 or SIGUSR2 sent to perfmon: a job it launched gets it, as plain python would have (a
+        script's own handler, a checkpoint on preemption, runs). SIGTERM also closes the dashboard, restoring the
+        terminal; a dashboard attached to someone else's job just detaches."""
+        process = self.process if not self.job_ended else None
+        launched = process is not None
+        if process is not None:
+            process.forward(sig)
+        if sig == signal.SIGTERM:
+            self.finish(SIGNALLED if launched else QUIT if self.job_ended else DETACHED)
 
     def action_request_quit(self) -> None:
         """q / ctrl+c: quit at once when the job is over, else ask."""

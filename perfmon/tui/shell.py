@@ -50,6 +50,8 @@ from perfmon.tui.widgets.views import ViewBar, ViewBarInfo
 
 TICK_S = 1.0
 QUIT, DETACHED, STOPPED = "quit", "detached", "stopped"
+#: perfmon got SIGTERM: it went on to the launched job, and the dashboard left; perfmon waits for the job to end.
+SIGNALLED = "signalled"
 
 
 def while_composed(method: Callable[..., None]) -> Callable[..., None]:
@@ -117,7 +119,8 @@ class DashboardShell(App[None]):
     # -- outcome ----------------------------------------------------------------------------
     @property
     def outcome(self) -> str:
-        """``"quit"`` (job over), ``"detached"`` (job left running) or ``"stopped"`` (stop asked)."""
+        """``"quit"`` (job over), ``"detached"`` (job left running), ``"stopped"`` (stop asked) or
+        ``"signalled"`` (SIGTERM passed on to the job)."""
         if self._outcome is not None:
             return self._outcome
         return QUIT if self.job_ended else DETACHED
