@@ -437,15 +437,15 @@ def _main(argv: list[str] | None = None) -> int:
     exports = _exports(args, run_dir)
     if exports is False:
         return 2
-    try:
-        proc = TrainingProcess(target, run_dir, args.python, env).start()
-    except LaunchError as exc:
-        print(f"perfmon: error: {exc}", file=sys.stderr)
-        return 2
     if not args.headless and not _has_terminal():
         print("perfmon: no terminal (stdin/stdout is not a TTY): running headless; script output on stdout, "
               "status on stderr (--headless says so explicitly)", file=sys.stderr)
         args.headless = True
+    try:
+        proc = TrainingProcess(target, run_dir, args.python, env, inherit_stdin=args.headless).start()
+    except LaunchError as exc:
+        print(f"perfmon: error: {exc}", file=sys.stderr)
+        return 2
     if args.headless and target.torchrun:
         from perfmon.monitor.job_run import run_headless_job
 

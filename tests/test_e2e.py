@@ -242,6 +242,37 @@ def test_script_stdout_and_stderr_stay_apart(env, tmp_path):
     assert theirs == plain.stderr.splitlines(), res.stderr  # every line, in order
 
 
+STDIN_SCRIPT = """
+import sys
+import torch
+lr = float(input("lr? "))
+rest = sys.stdin.read()
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=lr)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(2, 2)).sum().backward()
+    opt.step()
+print(f"lr={lr} rest={rest!r}")
+"""
+
+
+def test_headless_script_reads_perfmons_stdin_as_under_plain_python(env, tmp_path):
+    """``echo 3e-4 | perfmon --headless train.py``: what is piped in reaches the script (the dashboard, which owns the
+    terminal, gives it /dev/null)."""
+    script = tmp_path / "reads_stdin.py"
+    script.write_text(STDIN_SCRIPT)
+    given = "0.5\nmore input\n"
+    plain = subprocess.run([sys.executable, str(script)], input=given, capture_output=True, text=True, timeout=60,
+                           env=env)
+    run = tmp_path / "run"
+    res = subprocess.run([*PERFMON, "--headless", "--run-dir", str(run), str(script)], input=given, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == "lr? lr=0.5 rest='more input\\n'\n"
+    assert report(run, env)["steps"] == 3
+
+
 def test_headless_status_line_on_stderr(dl_run):
     res = dl_run[1]
     status = [line for line in res.stderr.splitlines() if line.startswith("[perfmon] ")]

@@ -1,7 +1,8 @@
 """Starting the training process under the agent, and ending it on the user's word.
 
 The job runs in its own session (a terminal hang-up does not reach it), its stdout goes to
-``RUN/output.log`` and its stderr to ``RUN/stderr.log``, stdin is /dev/null. The monitor is only
+``RUN/output.log`` and its stderr to ``RUN/stderr.log``; its stdin is perfmon's when headless, else /dev/null
+(the dashboard owns the terminal). The monitor is only
 a reader: if it dies, the job goes on and its recording stays complete. Signals sent to perfmon that
 would have reached the script under plain python (SIGTERM, SIGUSR1, SIGUSR2) are passed on to it.
 """
@@ -160,8 +161,11 @@ class TrainingProcess:
     """The launched job: ``python -m perfmon.agent TARGET ARGS`` in its own session."""
 
     def __init__(self, target: Target, run_dir: Path, python: str | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, inherit_stdin: bool = False) -> None:
         self.target = target
+        #: the job reads perfmon's stdin (headless: piped input reaches the script as under plain python); else
+        #: /dev/null (the dashboard owns the terminal's keys)
+        self.inherit_stdin = inherit_stdin
         self.extra_env = env or {}
         self.run_dir = run_dir
         self.python = python or sys.executable
@@ -245,7 +249,7 @@ class TrainingProcess:
         try:
             self.popen = subprocess.Popen(
                 self.target.command(self.python),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=errlog,
+                stdin=None if self.inherit_stdin else subprocess.DEVNULL, stdout=log, stderr=errlog,
                 start_new_session=True, env=env,
             )
         except OSError as exc:
