@@ -252,3 +252,25 @@ def test_an_old_torch_is_said_once(tmp_path, capfd):
     assert err.count("\n") == 1 and "older than the 2.4" in err and "not measured with this torch: DataLoader" in err
     bootstrap._warn_old_torch(agent, "2.13.0+cpu", [])
     assert capfd.readouterr().err == ""
+
+
+def test_an_optimizer_built_every_iteration_is_one_step_each_and_none_is_kept_alive(hooks):
+    """``opt = SGD(...)`` at the top of every iteration: building it begins the iteration (one step per update, not
+    all of them merged into one), and the hooks keep no optimizer alive (a loop that makes one per iteration would
+    otherwise leak them all)."""
+    import gc
+    import weakref
+
+    inst, rec = hooks
+    model = mlp()
+    train(model, torch.optim.Adam(model.parameters(), lr=0.1), 3)  # the loop is learned with a long-lived optimizer
+    made = []
+    for _ in range(5):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        made.append(weakref.ref(opt))
+        train(model, opt, 1)
+    del opt
+    gc.collect()
+    assert rec.steps() == 8 and rec.errors == []
+    assert [r for r in made if r() is not None] == []
+    assert len(inst.bounds.keys) <= 1  # the dead optimizers' ids are forgotten

@@ -17,6 +17,8 @@ from perfmon.agent.steps import (
     StepTracker,
 )
 
+MADE = -1  # Seq's own code: an optimizer is built
+
 
 class Seq:
     """Builds an event sequence with a fake clock: each phase takes the ms given.
@@ -48,6 +50,11 @@ class Seq:
         self.events.append((code, self.t, None, None))
         return self
 
+    def made(self) -> Seq:
+        """An optimizer is built here (the hooks' patched ``Optimizer.__init__``)."""
+        self.events.append((MADE, self.t, None, None))
+        return self
+
     def forward(self, ms: float, module: str = "model", grad: bool = True, kind: int | None = None) -> Seq:
         kind = kind if kind is not None else (GRAD if grad else NOGRAD)
         return self.phase("forward", ms, arg=("forward", module, kind))
@@ -73,6 +80,13 @@ class Seq:
                 bounds.explicit = True
             elif code == OPTIMIZER_CREATED:
                 bounds.optimizers_seen = True
+            elif code == MADE:  # as the hooks do: the first one says an optimizer exists, a later one may commit
+                if not bounds.optimizers_seen:
+                    bounds.optimizers_seen = True
+                    out.append(tracker.feed(OPTIMIZER_CREATED, t))
+                elif bounds.optimizer_made():
+                    out.append(tracker.feed(BOUNDARY, t))
+                continue
             out.append(tracker.feed(code, t, arg))
         out.append(tracker.finish())
         return [r for r in out if r is not None]
@@ -250,6 +264,49 @@ def test_wgan_critic_steps_count_batches_once_both_optimizers_have_stepped():
     # While only the critic has stepped, each update ends its step at once; the generator's first update
     # (batch 5) therefore counts as a step of its own. From then on every batch is exactly one step.
     assert len(s.run()) == 16
+
+
+@pytest.mark.parametrize("loader", [True, False], ids=["dataloader", "no-dataloader"])
+def test_an_optimizer_built_every_iteration_begins_the_iteration(loader):
+    """``opt = SGD(model.parameters())`` at the top of every iteration (a new optimizer each time, as some
+    fine-tuning and meta-learning loops do) after a loop with a long-lived optimizer: one step per update, each
+    holding its own work."""
+    s = Seq().made()
+    for _ in range(4):
+        s.forward(1).phase("backward", 1).phase("optimizer", 1, opt="opt")
+    for i in range(5):
+        s.gap(0.5).made()
+        if loader:
+            s.phase("data", 1, 8)
+        s.forward(1).phase("backward", 2).phase("optimizer", 1, opt=f"opt{i}")
+    steps = s.run()
+    assert len(steps) == 9
+    for r in steps[4:]:
+        assert r.phases["backward"] == pytest.approx(0.002) and r.phases["optimizer"] == pytest.approx(0.001)
+
+
+def test_an_optimizer_built_per_epoch_keeps_the_count_and_the_loop_is_learned_again():
+    s = Seq().made()
+    for epoch in range(3):
+        if epoch:
+            s.made()  # progressive unfreezing: a new optimizer over the parameters now trained
+        for _ in range(4):
+            s.forward(1).phase("backward", 1).phase("optimizer", 1, opt=f"opt-epoch{epoch}")
+    steps = s.run()
+    assert len(steps) == 12
+    assert all(r.phases["forward"] == pytest.approx(0.001) for r in steps)
+
+
+def test_an_optimizer_built_inside_a_phase_or_before_training_commits_nothing():
+    bounds = Boundaries()
+    bounds.optimizers_seen = True
+    assert bounds.optimizer_made() is False  # before any step: nothing waits to end
+    bounds.begin("forward", GRAD)
+    assert bounds.optimizer_made() is False  # built lazily inside the forward
+    bounds.end("forward")
+    bounds.begin("optimizer", "opt")
+    bounds.end("optimizer", "opt")
+    assert bounds.pending and bounds.optimizer_made() is True and not bounds.pending
 
 
 def test_nanogpt_accumulation_without_loader_splits_the_first_step_right():

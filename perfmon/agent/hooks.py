@@ -375,7 +375,13 @@ class Instrumentation:
         def make(orig: Callable) -> Callable:
             def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
                 orig(opt, *args, **kwargs)
-                self._note_optimizer(opt)
+                try:
+                    seen = self.bounds.optimizers_seen
+                    self._note_optimizer(opt)
+                    if seen and self.bounds.optimizer_made():  # one built per iteration (or epoch) begins it
+                        self._commit()
+                except Exception as exc:  # noqa: BLE001 - never into training
+                    self._on_error("hooks:optimizers", exc)
 
             return __init__
 
@@ -388,7 +394,10 @@ class Instrumentation:
             self.optimizers.add(opt)
             key = id(opt)
             self._optimizer_ids.add(key)
-            weakref.finalize(opt, self._optimizer_ids.discard, key)  # an id is reused once its optimizer dies
+            # an id is reused once its optimizer dies; a loop that replaced its optimizer has one again. (The
+            # callbacks hold the two sets of ints, never self: that would keep every optimizer alive.)
+            weakref.finalize(opt, self._optimizer_ids.discard, key)
+            weakref.finalize(opt, self.bounds.keys.discard, key)
         except TypeError:
             pass
         if not self.bounds.optimizers_seen:  # from now on a backward does not end a step

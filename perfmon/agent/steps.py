@@ -93,7 +93,7 @@ class Boundaries(HotState):
         self.stepped: set[Any] = set()  # optimizers that stepped since the last boundary
         self.cycle: frozenset[Any] | None = None  # the optimizers one iteration steps, once learned
         self.loader_loop = False  # iterations begin with a DataLoader fetch
-        self.keys: set[Any] = set()  # every optimizer that ever stepped
+        self.keys: set[Any] = set()  # every optimizer that stepped and still exists (the hooks drop dead ones)
 
     def begin(self, phase: str, key: Any = None) -> bool:
         """``key``: the optimizer for an optimizer phase, the forward kind (GRAD, NOGRAD, COPY) for a forward."""
@@ -116,6 +116,21 @@ class Boundaries(HotState):
                 self.pending = False
         self.depth += 1
         return commit
+
+    def optimizer_made(self) -> bool:
+        """An optimizer was built between phases. A loop that builds one per iteration (or per epoch, or per
+        stage of unfreezing) begins its iteration there, and its optimizers are not the ones the loop was learned
+        with: the step waiting to end is over, and the loop's shape is learned again. Returns True when a step was
+        waiting (it is committed)."""
+        if self.depth or self.explicit:
+            return False  # inside a phase (built lazily in a forward, say), or the script marks its own steps
+        self.cycle = None
+        self.single = None
+        if not self.pending:
+            return False
+        self.stepped = set()
+        self.pending = False
+        return True
 
     def end(self, phase: str, key: Any = None) -> bool:
         """Returns True when the step is certainly over already (a loop with a single optimizer)."""
