@@ -505,6 +505,40 @@ def test_sys_exit_code_is_perfmon_exit_code(env, tmp_path):
     assert rep["exit_code"] == 3 and rep["steps"] == 4 and rep["exception"] is None
 
 
+OS_EXIT_SCRIPT = """
+import os
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(96, 8), torch.randn(96, 1)), batch_size=16, num_workers=2)
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+steps = 0
+for x, y in loader:
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    steps += 1
+print(f"steps {steps}", flush=True)
+os._exit(7)  # skip the teardown, as many distributed scripts end
+"""
+
+
+def test_os_exit_records_every_step_and_the_exit_from_inside_the_job(env, tmp_path):
+    """``os._exit`` runs no finally: the job records its steps and exit before it goes (its forked DataLoader
+    workers, which also leave with os._exit, stay silent), so nothing is lost to a missed publisher tick."""
+    script = tmp_path / "os_exit.py"
+    script.write_text(OS_EXIT_SCRIPT)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    run = tmp_path / "run"
+    res = headless(run, str(script), env=env)
+    assert res.returncode == plain.returncode == 7, res.stderr
+    assert res.stdout == plain.stdout == "steps 6\n"
+    rep = report(run, env)
+    assert rep["steps"] == 6 and rep["exit_code"] == 7
+    exits = [e for e in events(run) if e.get("type") == "event" and e.get("kind") == "exit"]
+    assert len(exits) == 1 and "agent_errors" in exits[0]  # recorded by the job's agent, not made up after it
+
+
 def test_sigterm_to_training_process_gives_143_and_live_status(background, env, tmp_path):
     run, gate = tmp_path / "run", tmp_path / "gate"
     bg = background(["--headless", "--interval", "0.5", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",

@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from perfmon import _api, paths
 from perfmon.agent.runtime import Agent
@@ -88,6 +88,7 @@ def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | N
     else:
         sys.meta_path.insert(0, _TorchImportHook(agent))
     _install_sigterm(agent)
+    _install_os_exit(agent)
     return agent
 
 
@@ -193,6 +194,27 @@ def _install_sigterm(agent: Agent) -> None:
         signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
         pass
+
+
+def _install_os_exit(agent: Agent) -> None:
+    """``os._exit(code)`` runs no ``finally`` and no ``atexit``: scripts call it to skip a slow teardown (the end of
+    many distributed jobs) or from a watchdog. In the process the agent started in, the steps so far and the exit
+    are recorded first; a forked child (a DataLoader worker, ``multiprocessing``) leaves with it too and stays
+    silent, as does a call that python itself would refuse (not an int)."""
+    real = os._exit
+    pid = os.getpid()
+
+    def _exit(code: int) -> NoReturn:
+        if isinstance(code, int) and os.getpid() == pid:
+            os._exit = real
+            try:
+                finish_agent(agent, {"code": code, "signal": None, "exception": None, "traceback": None})
+            except BaseException:  # noqa: BLE001, S110 - the script asked to leave now: nothing may stop it
+                pass
+        real(code)
+
+    _exit.__doc__, _exit.__name__, _exit.__qualname__ = real.__doc__, real.__name__, real.__qualname__
+    os._exit = _exit
 
 
 def finish_agent(agent: Agent | None, exit_info: dict[str, Any]) -> None:
