@@ -83,6 +83,17 @@ def headless(run: Path, script: str, *args: str, env: dict[str, str], cwd: Path 
     return perfmon([*opts, *target, *args], env, cwd=cwd, launcher=launcher)
 
 
+def plain_and_headless(source: str, name: str, env: dict[str, str], tmp_path: Path
+                       ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], Path]:
+    """``source`` saved as ``tmp_path/name`` and run twice: by plain python, then under ``perfmon --headless``
+    (its run dir is the third item)."""
+    script = tmp_path / name
+    script.write_text(source)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    run = tmp_path / "run"
+    return plain, headless(run, str(script), env=env), run
+
+
 def report(run: Path, env: dict[str, str]) -> dict[str, Any]:
     res = perfmon(["report", str(run), "--json"], env)
     assert res.returncode == 0, res.stderr
@@ -230,11 +241,7 @@ sys.stdout.write("no newline at the end")
 def test_script_stdout_and_stderr_stay_apart(env, tmp_path):
     """As under plain python: ``perfmon --headless train.py > log`` has only the script's stdout in log; its
     stderr (warnings, tracebacks, progress bars) comes on perfmon's stderr, beside perfmon's own lines."""
-    script = tmp_path / "streams.py"
-    script.write_text(STREAMS_SCRIPT)
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
-    run = tmp_path / "run"
-    res = headless(run, str(script), env=env)
+    plain, res, run = plain_and_headless(STREAMS_SCRIPT, "streams.py", env, tmp_path)
     assert res.returncode == plain.returncode == 0, res.stderr
     assert res.stdout == plain.stdout == (run / "output.log").read_text()
     assert plain.stderr and (run / "stderr.log").read_text() == plain.stderr
@@ -526,17 +533,40 @@ os._exit(7)  # skip the teardown, as many distributed scripts end
 def test_os_exit_records_every_step_and_the_exit_from_inside_the_job(env, tmp_path):
     """``os._exit`` runs no finally: the job records its steps and exit before it goes (its forked DataLoader
     workers, which also leave with os._exit, stay silent), so nothing is lost to a missed publisher tick."""
-    script = tmp_path / "os_exit.py"
-    script.write_text(OS_EXIT_SCRIPT)
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
-    run = tmp_path / "run"
-    res = headless(run, str(script), env=env)
+    plain, res, run = plain_and_headless(OS_EXIT_SCRIPT, "os_exit.py", env, tmp_path)
     assert res.returncode == plain.returncode == 7, res.stderr
     assert res.stdout == plain.stdout == "steps 6\n"
     rep = report(run, env)
     assert rep["steps"] == 6 and rep["exit_code"] == 7
     exits = [e for e in events(run) if e.get("type") == "event" and e.get("kind") == "exit"]
     assert len(exits) == 1 and "agent_errors" in exits[0]  # recorded by the job's agent, not made up after it
+
+
+THREAD_SCRIPT = """
+import threading
+import time
+import torch
+def train():
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(12):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        time.sleep(0.02)
+    print("trained 12 steps", flush=True)
+threading.Thread(target=train).start()
+print("main returns", flush=True)
+"""
+
+
+def test_training_in_a_thread_the_main_thread_left_is_waited_for_and_counted(env, tmp_path):
+    """Python waits for non-daemon threads before it exits; so does the job, before it records its exit."""
+    plain, res, run = plain_and_headless(THREAD_SCRIPT, "thread_train.py", env, tmp_path)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == "main returns\ntrained 12 steps\n"
+    rep = report(run, env)
+    assert rep["steps"] == 12 and rep["exit_code"] == 0
 
 
 def test_sigterm_to_training_process_gives_143_and_live_status(background, env, tmp_path):

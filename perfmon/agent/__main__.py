@@ -12,6 +12,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import traceback
 import types
 import zipfile
@@ -137,12 +138,26 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001 - report it exactly as python would
         exit_info.update(_exception_info(exc))
     finally:
+        try:
+            _join_script_threads()
+        except KeyboardInterrupt:  # Ctrl-C while python would wait for them: it gives up waiting too
+            interrupted = True
+            exit_info.update(code=None, signal="SIGINT", exception="KeyboardInterrupt")
         bootstrap.finish_agent(agent, exit_info)
     if interrupted:
         # Die of SIGINT like python does, so the parent sees a signal exit (128+2).
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return int(exit_info["code"] or 0)
+
+
+def _join_script_threads() -> None:
+    """Wait for the script's non-daemon threads, as python does before it exits: training may run in one that
+    the main thread started and left (perfmon's own threads are daemons)."""
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon and thread is not threading.current_thread():
+            thread.join()
 
 
 def _trim_chain(exc: BaseException) -> None:
