@@ -23,6 +23,17 @@ def test_hook_floor_prints_every_way() -> None:
 
 
 @pytest.mark.e2e
+def test_wake_floor_prints_each_way_it_can_run() -> None:
+    import shutil
+
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "wake_floor.py"), "--seconds", "0.3",
+                          "--periods", "0.05"], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert re.search(r"^python\s+0.05\s+[\d.]+\s+[\d.]+ / [\d.]+ / [\d.]+ us$", out, re.M), out
+    if any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+        assert re.search(r"^C\s+0.05\s+[\d.-]+\s+", out, re.M), out
+
+
+@pytest.mark.e2e
 def test_agent_cpu_runs_with_and_without_perfmon(env: dict[str, str]) -> None:  # noqa: F811
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "agent_cpu.py"), "--job", "tiny", "--runs", "1",
                           "--steps", "200", "--warmup", "10"], capture_output=True, text=True, timeout=600,
