@@ -638,6 +638,26 @@ def test_sigterm_and_sigusr1_to_perfmon_reach_the_scripts_own_handlers(backgroun
     assert rep["steps"] == int(saved.group(1))
 
 
+def test_ctrl_z_on_perfmon_suspends_the_job_too_and_fg_resumes_both(background, env, tmp_path):
+    """Ctrl-Z (SIGTSTP) on plain python stops training; on perfmon it stops the job with it (the job's own session
+    would not see the terminal's), and continuing perfmon continues the job."""
+    import psutil
+
+    run, gate = tmp_path / "run", tmp_path / "gate"
+    bg = background(["--headless", "--interval", "0.3", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",
+                     "--steps", "12", "--hold-at", "4", "--gate", str(gate)])
+    bg.train_pid = hello_pid(run)
+    wait_for(lambda: has_steps(run, 4) and "[perfmon] " in bg.stderr, "4 steps and a status line")
+    ours, job = psutil.Process(bg.popen.pid), psutil.Process(bg.train_pid)
+    bg.popen.send_signal(signal.SIGTSTP)
+    wait_for(lambda: ours.status() == job.status() == psutil.STATUS_STOPPED, "perfmon and the job stopped")
+    bg.popen.send_signal(signal.SIGCONT)
+    wait_for(lambda: psutil.STATUS_STOPPED not in (ours.status(), job.status()), "both running again")
+    gate.touch()
+    assert bg.wait() == 0, bg.stderr
+    assert report(run, env)["steps"] == 12
+
+
 def test_sigterm_to_perfmon_ends_a_script_without_a_handler_with_143(background, env, tmp_path):
     run, gate = tmp_path / "run", tmp_path / "gate"
     bg = background(["--headless", "--interval", "0.3", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",

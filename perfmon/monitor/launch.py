@@ -288,6 +288,14 @@ class TrainingProcess:
         self._stops += 1
         self._signal(sig)
 
+    def pause(self) -> None:
+        """Stop the job where it is (Ctrl-Z on perfmon): SIGSTOP, since the kernel drops SIGTSTP's default stop
+        for the job's process group (a session of its own, so an orphaned group)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
     def forward(self, sig: int) -> None:
         """Pass on a signal that perfmon got (one of :data:`FORWARDED`), as it is: what it would have done to the
         script run by plain python, the script's own handler included. perfmon never escalates it."""
@@ -309,8 +317,9 @@ FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 @contextmanager
 def signals_to(proc: TrainingProcess) -> Iterator[None]:
     """While perfmon (its main thread) waits on ``proc``: Ctrl-C stops the job as it would stop it without perfmon
-    (SIGINT to its process group; SIGTERM, then SIGKILL, if repeated), and the :data:`FORWARDED` signals go on to it
-    as they are. The previous handlers come back after."""
+    (SIGINT to its process group; SIGTERM, then SIGKILL, if repeated), the :data:`FORWARDED` signals go on to it
+    as they are, and Ctrl-Z suspends the job with perfmon (``fg`` or ``bg`` resumes both), as it would suspend
+    plain python. The previous handlers come back after."""
 
     def stop(signum: int, frame: Any) -> None:
         proc.stop()
@@ -318,9 +327,15 @@ def signals_to(proc: TrainingProcess) -> Iterator[None]:
     def forward(signum: int, frame: Any) -> None:
         proc.forward(signum)
 
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, *FORWARDED)}
-    for s in previous:
-        signal.signal(s, stop if s == signal.SIGINT else forward)
+    def suspend(signum: int, frame: Any) -> None:
+        proc.pause()
+        os.kill(os.getpid(), signal.SIGSTOP)  # SIGSTOP: stops us even where our process group is orphaned
+        proc.resume()  # continued (fg, bg, kill -CONT): so is the job
+
+    handlers = {signal.SIGINT: stop, signal.SIGTSTP: suspend, **{s: forward for s in FORWARDED}}
+    previous = {s: signal.getsignal(s) for s in handlers}
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
     try:
         yield
     finally:
