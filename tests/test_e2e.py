@@ -85,13 +85,14 @@ def headless(run: Path, script: str, *args: str, env: dict[str, str], cwd: Path 
 
 def plain_and_headless(source: str, name: str, env: dict[str, str], tmp_path: Path
                        ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], Path]:
-    """``source`` saved as ``tmp_path/name`` and run twice: by plain python, then under ``perfmon --headless``
-    (its run dir is the third item)."""
+    """``source`` saved as ``tmp_path/name`` and run twice, both in ``tmp_path``: by plain python, then under
+    ``perfmon --headless`` (its run dir is the third item)."""
     script = tmp_path / name
     script.write_text(source)
-    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env,
+                           cwd=tmp_path)
     run = tmp_path / "run"
-    return plain, headless(run, str(script), env=env), run
+    return plain, headless(run, str(script), env=env, cwd=tmp_path), run
 
 
 def report(run: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -567,6 +568,39 @@ def test_training_in_a_thread_the_main_thread_left_is_waited_for_and_counted(env
     assert res.stdout == plain.stdout == "main returns\ntrained 12 steps\n"
     rep = report(run, env)
     assert rep["steps"] == 12 and rep["exit_code"] == 0
+
+
+SPAWN_SCRIPT = """
+import torch
+import torch.multiprocessing as mp
+def train(rank):
+    import perfmon
+    perfmon.instrument()  # as the warning suggests: a recording per process
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+if __name__ == "__main__":
+    mp.spawn(train, nprocs=2)
+    print("spawned ranks done")
+"""
+
+
+def test_torch_multiprocessing_spawn_is_said_and_its_workers_record_on_their_own(env, tmp_path):
+    """The DDP tutorial's launcher trains in processes perfmon does not follow: a warning says so and what to do;
+    workers that call perfmon.instrument() get recordings of their own, never lines in the job's."""
+    plain, res, run = plain_and_headless(SPAWN_SCRIPT, "spawned.py", env, tmp_path)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == "spawned ranks done\n"
+    assert re.search(r"^\[perfmon\] warning: torch.multiprocessing started 2 process\(es\) running train\(\)",
+                     res.stderr, re.M), res.stderr
+    assert {e["pid"] for e in events(run) if e.get("type") == "hello"} == {hello_pid(run)}
+    # the plain run made two recordings of its own here too (instrument() outside perfmon); ours made two more
+    workers = [d for d in (tmp_path / "perfmon-runs").iterdir() if (d / "events.jsonl").exists()]
+    assert len(workers) == 4, workers
+    assert all(report(d, env)["steps"] == 4 for d in workers)
 
 
 def test_sigterm_to_training_process_gives_143_and_live_status(background, env, tmp_path):

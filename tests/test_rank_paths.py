@@ -205,7 +205,8 @@ _RANK_ENV = ("PERFMON_RUN_DIR", "PERFMON_LAUNCHER_PID", "PERFMON_RANKS", "RANK",
 
 @pytest.mark.parametrize(("env", "want"), [
     # `perfmon train.py` in a shell that holds a job's RANK/WORLD_SIZE: where the launcher reads it
-    ({"PERFMON_RUN_DIR": "{tmp}/R", "PERFMON_LAUNCHER_PID": "1", "RANK": "1", "WORLD_SIZE": "2"}, "{tmp}/R"),
+    ({"PERFMON_RUN_DIR": "{tmp}/R", "PERFMON_LAUNCHER_PID": "{ppid}", "RANK": "1", "WORLD_SIZE": "2"}, "{tmp}/R"),
+    ({"PERFMON_RUN_DIR": "{tmp}/R", "PERFMON_LAUNCHER_PID": "{ppid}"}, "{tmp}/R"),
     # `perfmon torchrun`: one dir per rank under the launcher's, even in a world of one
     ({"PERFMON_RUN_DIR": "{tmp}/R", "PERFMON_LAUNCHER_PID": "1", "PERFMON_RANKS": "1", "RANK": "1",
       "WORLD_SIZE": "2"}, "{tmp}/R/rank-1"),
@@ -231,7 +232,7 @@ def test_where_a_process_records(env: dict[str, str], want: str, tmp_path: Path,
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     for name, value in env.items():
-        monkeypatch.setenv(name, value.format(tmp=tmp_path))
+        monkeypatch.setenv(name, value.format(tmp=tmp_path, ppid=os.getppid()))
     import psutil
 
     started = time.localtime(psutil.Process(os.getppid()).create_time())
@@ -268,3 +269,18 @@ def test_a_zombie_is_not_alive() -> None:
     assert pid_alive(os.getpid())
     child.wait()
     assert not pid_alive(child.pid)
+
+
+def test_a_process_the_job_started_records_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """perfmon.instrument() in a worker the job started (torch.multiprocessing.spawn): the job's environment came
+    with it, but the launcher is not its parent, so it gets a recording of its own, never the job's dir."""
+    from perfmon.agent.bootstrap import _run_dir
+
+    for name in _RANK_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PERFMON_RUN_DIR", str(tmp_path / "R"))
+    monkeypatch.setenv("PERFMON_LAUNCHER_PID", str(os.getppid() + 1))  # not our parent: we are the job's child
+    where = _run_dir("train.py")
+    assert where.parent == Path("perfmon-runs") or where.parent == tmp_path / "perfmon-runs", where
+    assert where.name.endswith("-train")

@@ -44,6 +44,11 @@ def _run_dir(target: str) -> Path:
     ``rank-K/`` of the job's dir, which all its ranks name alike."""
     where = paths.placement()
     given = os.environ.get("PERFMON_RUN_DIR")
+    launcher = os.environ.get("PERFMON_LAUNCHER_PID")
+    if given and launcher and launcher != str(os.getppid()) and os.environ.get(paths.RANKS_ENV) != "1":
+        # a process the job started (perfmon.instrument() in a torch.multiprocessing.spawn worker) inherits the
+        # job's environment, not its run dir: a recording of its own, never lines in the job's
+        given = None
     # `perfmon train.py` launched one process: its recording goes where the launcher reads it, whatever
     # RANK/WORLD_SIZE the environment happens to hold (a shell inside a Slurm step)
     single = bool(given) and bool(os.environ.get("PERFMON_LAUNCHER_PID")) and os.environ.get(paths.RANKS_ENV) != "1"
@@ -103,7 +108,8 @@ def install_hooks(agent: Agent) -> None:
         agent.commands = Commands(agent, _profile_config())
         agent.commands.read_torch_threads()  # on the thread that imported torch: the script's, as a rule
         # the commands' own boundary check, called straight from the hooks at every step end (not via the agent)
-        inst = Instrumentation(agent.emit, agent.record_error, agent.commands.boundary, commands=agent.commands)
+        inst = Instrumentation(agent.emit, agent.record_error, agent.commands.boundary, commands=agent.commands,
+                               warn=agent.warn)
         inst.install()
         agent.instrumentation = inst
         torch = sys.modules["torch"]

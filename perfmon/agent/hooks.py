@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib
 import weakref
 from collections.abc import Callable, Iterator
 from time import perf_counter
@@ -84,8 +85,10 @@ class Instrumentation:
     """Installs and removes the patches; one instance per process."""
 
     def __init__(self, emit: Emit, on_error: Callable[[str, BaseException], None],
-                 boundary: Callable[[], None] = lambda: None, accelerated: bool = True, commands: Any = None) -> None:
+                 boundary: Callable[[], None] = lambda: None, accelerated: bool = True, commands: Any = None,
+                 warn: Callable[[str], None] = lambda text: None) -> None:
         self._emit = emit
+        self._warn = warn  # a warning for the recording and the monitors (the agent's)
         #: the C twins of the fetch, backward and optimizer hooks (same events, no Python frame), where built
         self._hot = accelerator() if accelerated else None
         self._boundary = boundary
@@ -197,7 +200,7 @@ class Instrumentation:
         for name, patch in (("DataLoader", self._patch_dataloader), ("backward", self._patch_backward),
                             ("optimizer", self._hook_optimizer), ("GradScaler", self._patch_grad_scaler),
                             ("torch.save", self._patch_save), ("torch.compile", self._patch_compile),
-                            ("forward", self._start_discovery)):
+                            ("torch.multiprocessing.spawn", self._patch_spawn), ("forward", self._start_discovery)):
             try:
                 patch()
             except Exception:  # noqa: BLE001 - a torch without this API: that part is not measured (said once)
@@ -403,6 +406,35 @@ class Instrumentation:
         if not self.bounds.optimizers_seen:  # from now on a backward does not end a step
             self.bounds.optimizers_seen = True
             self._emit(OPTIMIZER_CREATED, None)
+
+    def _patch_spawn(self) -> None:
+        """``torch.multiprocessing.spawn`` (the DDP tutorial's launcher) trains in fresh processes that perfmon does
+        not follow: say so once, with what does follow them, instead of a run that simply shows no steps."""
+        spawn_mod = importlib.import_module("torch.multiprocessing.spawn")  # the name, not torch.multiprocessing.spawn()
+        said: list[bool] = []
+
+        def make(orig: Callable) -> Callable:
+            def start_processes(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:
+                if not said:
+                    said.append(True)
+                    try:
+                        name = getattr(fn, "__name__", "its function")
+                        self._warn(f"torch.multiprocessing started {nprocs} process(es) running {name}(): perfmon "
+                                   "follows this process only, so their steps are not recorded here. To monitor "
+                                   "them, start the ranks with `perfmon torchrun` instead, or call "
+                                   f"perfmon.instrument() at the top of {name}() (a recording per process, listed "
+                                   "by `perfmon ls`)")
+                    except Exception as exc:  # noqa: BLE001 - never into training
+                        self._on_error("hooks:spawn", exc)
+                return orig(fn, args, nprocs, *rest, **kwargs)
+
+            return start_processes
+
+        self._patch(spawn_mod, "start_processes", make)
+        patched = spawn_mod.start_processes
+        mp = importlib.import_module("torch.multiprocessing")
+        if getattr(mp, "start_processes", None) is patched.__perfmon_original__:
+            self._patch(mp, "start_processes", lambda orig: patched)  # the name the package exports too
 
     def _find_existing_optimizers(self) -> None:
         """``perfmon.instrument()`` after the optimizer was built: find the ones that exist."""
