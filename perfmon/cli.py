@@ -12,6 +12,8 @@ Options come before the script; everything after it goes to the script untouched
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -84,6 +86,33 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
             i += 1
         i += 1
     return argv, []
+
+
+_PYTHON = re.compile(r"python[0-9.]*")
+
+
+def _is_python(word: str) -> bool:
+    """``python``, ``python3.11`` or a path to one: an interpreter typed before the script, not a script."""
+    return bool(_PYTHON.fullmatch(os.path.basename(word))) and not (os.path.isfile(word) and not os.access(word, os.X_OK))
+
+
+def _strip_python(args: argparse.Namespace, rest: list[str]) -> list[str]:
+    """``python [-m MODULE] SCRIPT ARGS`` after perfmon's options: that python runs the job (``--python``) and the rest
+    is the target. Other python options get a clear error: they have environment-variable forms perfmon passes on."""
+    if args.python is None:
+        args.python = rest[0]
+    rest = rest[1:]
+    if rest and rest[0] == "-m" and len(rest) > 1:
+        args.module = rest[1]
+        return rest[2:]
+    if rest and rest[0].startswith("-m") and len(rest[0]) > 2:
+        args.module = rest[0][2:]
+        return rest[1:]
+    if rest and rest[0].startswith("-"):
+        _run_parser().error(f"python option {rest[0]} is not supported after 'python': perfmon runs the script "
+                            "itself; use its environment form (PYTHONUNBUFFERED=1 for -u, PYTHONWARNINGS for -W, "
+                            "PYTHONDEVMODE=1 for -X dev, PYTHONOPTIMIZE=1 for -O)")
+    return rest
 
 
 def _report(argv: list[str]) -> int:
@@ -408,6 +437,8 @@ def _main(argv: list[str] | None = None) -> int:
         return {"ls": _ls, "attach": _attach, "replay": _replay, "serve": _serve}[argv[0]](argv[1:])
     opts, rest = _split(argv)
     args = _run_parser().parse_args(opts)
+    if args.module is None and rest and _is_python(rest[0]):
+        rest = _strip_python(args, rest)  # `perfmon python train.py`, as one types `nsys profile python train.py`
     if args.module is None and not rest:
         _run_parser().error("no script given")
     from perfmon.monitor.launch import LaunchError, Target, TrainingProcess, check_target

@@ -127,17 +127,27 @@ def discovery_path(pid: int) -> Path:
     return runtime_dir() / f"{pid}.json"
 
 
-def default_run_dir(target: str, root: Path | None = None, now: float | None = None) -> Path:
-    """``./perfmon-runs/<timestamp>-<script>/``, made unique if it already exists."""
+def default_run_dir(target: str, root: Path | None = None, now: float | None = None, claim: bool = False) -> Path:
+    """``./perfmon-runs/<timestamp>-<script>/``, made unique if it already exists. ``claim``: create it, atomically,
+    so that processes choosing at the same second (workers that each call ``perfmon.instrument()``) never share
+    one; else only name it (the launcher creates it once the command line is known to be good)."""
     root = root or Path.cwd() / "perfmon-runs"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(target).stem if target.endswith(".py") else target) or "run"
-    candidate = root / f"{stamp}-{name}"
     n = 1
-    while candidate.exists():
+    while True:
+        candidate = root / (f"{stamp}-{name}" if n == 1 else f"{stamp}-{name}-{n}")
         n += 1
-        candidate = root / f"{stamp}-{name}-{n}"
-    return candidate
+        if not claim:
+            if not candidate.exists():
+                return candidate
+            continue
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
 
 
 #: Set by ``perfmon torchrun``: the job's workers record in ``RUN/rank-K/`` even when there is one of them.

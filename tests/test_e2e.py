@@ -761,6 +761,7 @@ def test_monitor_killed_training_goes_on_and_recording_completes(background, env
     pytest.param(["--headless", "--bogus-option", "demos/loops/crash.py"], id="bad_option"),
     pytest.param(["--headless", "--interval", "abc", "demos/loops/crash.py"], id="bad_value"),
     pytest.param(["--headless", "demos"], id="directory"),
+    pytest.param(["--headless", "python", "-u", "demos/loops/crash.py"], id="python_option"),
 ])
 def test_usage_errors_exit_2_with_one_line(env, tmp_path, args):
     run = tmp_path / "run"
@@ -770,6 +771,18 @@ def test_usage_errors_exit_2_with_one_line(env, tmp_path, args):
     assert res.stderr.startswith("perfmon: error: ") and "Traceback" not in res.stderr
     assert res.stdout == ""
     assert not run.exists(), "a usage error must not leave a run dir behind"
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_python_typed_before_the_script_is_the_interpreter(env, tmp_path, how):
+    """``perfmon python train.py`` (as one types ``nsys profile python train.py``) runs train.py with that python,
+    as ``perfmon train.py`` would; ``perfmon python -m pkg.mod`` runs the module."""
+    target = ["dataloader_optimizer.py"] if how == "script" else ["-m", "dataloader_optimizer"]
+    run = tmp_path / "run"
+    res = perfmon(["--headless", "--run-dir", str(run), sys.executable, *target, "--steps", "5"], env, cwd=LOOPS)
+    assert res.returncode == 0, res.stderr
+    assert "done steps=5" in res.stdout
+    assert report(run, env)["steps"] == 5
 
 
 def test_report_phase_shares_sum_to_one_despite_rounding(env, tmp_path):

@@ -284,3 +284,24 @@ def test_a_process_the_job_started_records_on_its_own(tmp_path: Path, monkeypatc
     where = _run_dir("train.py")
     assert where.parent == Path("perfmon-runs") or where.parent == tmp_path / "perfmon-runs", where
     assert where.name.endswith("-train")
+
+
+def test_run_dirs_claimed_at_the_same_second_are_never_shared(tmp_path: Path) -> None:
+    """Workers that each call perfmon.instrument() at once name their dirs from the same second: each claims its own
+    (created atomically), where a look-then-create would hand two of them one dir and mix their recordings."""
+    import threading
+
+    start = threading.Barrier(8)
+    got: list[Path] = []
+
+    def claim() -> None:
+        start.wait()
+        got.append(paths.default_run_dir("train.py", root=tmp_path, now=0.0, claim=True))
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 8 and all(p.is_dir() for p in got)
+    assert paths.default_run_dir("train.py", root=tmp_path, now=0.0) not in got  # naming alone skips them too

@@ -53,7 +53,7 @@ def _run_dir(target: str) -> Path:
     # RANK/WORLD_SIZE the environment happens to hold (a shell inside a Slurm step)
     single = bool(given) and bool(os.environ.get("PERFMON_LAUNCHER_PID")) and os.environ.get(paths.RANKS_ENV) != "1"
     if single or not paths.is_ranked(where):
-        return Path(given or paths.default_run_dir(target))
+        return Path(given) if given else paths.default_run_dir(target, claim=True)
     job = Path(given) if given else paths.job_run_dir(target, str(where["job_id"]), started=_launcher_start())
     rank_dir = paths.rank_dir(job, int(where["rank"] or 0))
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
