@@ -546,7 +546,10 @@ def test_os_exit_records_every_step_and_the_exit_from_inside_the_job(env, tmp_pa
 THREAD_SCRIPT = """
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 import torch
+pool = ThreadPoolExecutor(2)  # never shut down (torch.compile's workers are such a pool): python stops it at exit
+pool.submit(sum, [1, 2]).result()
 def train():
     model = torch.nn.Linear(4, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -562,7 +565,8 @@ print("main returns", flush=True)
 
 
 def test_training_in_a_thread_the_main_thread_left_is_waited_for_and_counted(env, tmp_path):
-    """Python waits for non-daemon threads before it exits; so does the job, before it records its exit."""
+    """Python waits for non-daemon threads before it exits; so does the job, before it records its exit. An
+    executor the script left open is stopped first, as python stops it, instead of waited for forever."""
     plain, res, run = plain_and_headless(THREAD_SCRIPT, "thread_train.py", env, tmp_path)
     assert res.returncode == plain.returncode == 0, res.stderr
     assert res.stdout == plain.stdout == "main returns\ntrained 12 steps\n"

@@ -153,7 +153,14 @@ def main(argv: list[str]) -> int:
 
 def _join_script_threads() -> None:
     """Wait for the script's non-daemon threads, as python does before it exits: training may run in one that
-    the main thread started and left (perfmon's own threads are daemons)."""
+    the main thread started and left (perfmon's own threads are daemons). First, as python does, run what was
+    registered to run then (``threading._register_atexit``: concurrent.futures tells the idle workers of an
+    executor the script never shut down to stop; without it they would wait for work forever)."""
+    atexits = getattr(threading, "_threading_atexits", None)
+    if isinstance(atexits, list):
+        calls, atexits[:] = list(atexits), []  # run once, here: the interpreter's own pass then finds none
+        for call in reversed(calls):
+            call()
     main = threading.main_thread()
     for thread in threading.enumerate():
         if thread is not main and not thread.daemon and thread is not threading.current_thread():
