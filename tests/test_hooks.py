@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from perfmon.agent.hooks import Instrumentation
+from perfmon.agent.hooks import Instrumentation, accelerator
 from perfmon.agent.steps import BEGIN, BOUNDARY, END, StepTracker
 
 
@@ -274,3 +274,46 @@ def test_an_optimizer_built_every_iteration_is_one_step_each_and_none_is_kept_al
     assert rec.steps() == 8 and rec.errors == []
     assert [r for r in made if r() is not None] == []
     assert len(inst.bounds.keys) <= 1  # the dead optimizers' ids are forgotten
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=pytest.mark.skipif(
+    accelerator() is None, reason="the C hot path was not built"))], ids=["python", "c"])
+def test_fetches_and_saves_on_other_threads_overlap_the_steps_instead_of_joining_them(accelerated, tmp_path):
+    """A prefetching thread (prefetch_generator's BackgroundGenerator, as many repos vendor it) fetches while the
+    training thread steps, and an executor saves checkpoints meanwhile: neither touches the training thread's
+    steps (before, their phases nested into its own and merged steps), and every step is counted."""
+    import queue
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    rec = Recorder()
+    inst = Instrumentation(rec.emit, lambda where, exc: rec.errors.append((where, exc)), accelerated=accelerated)
+    inst.install()
+    try:
+        loader = DataLoader(TensorDataset(torch.randn(160, 4), torch.randn(160, 1)), batch_size=8)
+        batches: queue.Queue[Any] = queue.Queue(4)
+
+        def prefetch() -> None:
+            for batch in loader:
+                batches.put(batch)
+            batches.put(None)
+
+        threading.Thread(target=prefetch, daemon=True).start()
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with ThreadPoolExecutor(1) as pool:
+            while (batch := batches.get()) is not None:
+                x, y = batch
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                pool.submit(torch.save, model.state_dict(), tmp_path / "ckpt.pt")
+    finally:
+        inst.uninstall()
+    assert rec.errors == []
+    assert rec.steps() == 20
+    phases = [a[0] if isinstance(a, tuple) else a for c, a in rec.events if c == BEGIN]
+    assert "data" not in phases and "checkpoint" not in phases  # all on the other threads
+    assert phases.count("backward") == 20

@@ -437,6 +437,7 @@ static PyTypeObject RingType = {
 typedef struct {
     PyObject_HEAD
     long depth, in_data, in_root;
+    unsigned long train_thread;  /* the thread that trains (the last to run a backward); 0: not known */
     char pending, explicit_, optimizers_seen, discovering;
     PyObject *single;    /* id() of the loop's one optimizer, once learned, or None */
     PyObject *ring;      /* the agent's Ring while the hooks may write to it, else None */
@@ -500,6 +501,8 @@ static PyMemberDef State_members[] = {
     {"depth", T_LONG, offsetof(State, depth), 0, "phases open on the training thread"},
     {"in_data", T_LONG, offsetof(State, in_data), 0, "inside a DataLoader fetch (module calls there are transforms)"},
     {"in_root", T_LONG, offsetof(State, in_root), 0, "inside a root's forward (same-class submodules are not roots)"},
+    {"train_thread", T_ULONG, offsetof(State, train_thread), 0,
+     "threading.get_ident() of the thread that trains; fetches and forwards on others are not its steps' time"},
     {"pending", T_BOOL, offsetof(State, pending), 0, "a step's update ended: the next iteration ends the step"},
     {"explicit", T_BOOL, offsetof(State, explicit_), 0, "perfmon.step() ends steps"},
     {"optimizers_seen", T_BOOL, offsetof(State, optimizers_seen), 0, "an optimizer exists: a backward ends no step"},
@@ -714,6 +717,10 @@ static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t na
     State *st = (State *)self->bounds;
     int data = self->kind == KIND_DATA;
     int phase = data ? PH_DATA : PH_BACKWARD;
+    unsigned long me = PyThread_get_thread_ident();
+    if (!data) st->train_thread = me;  /* a backward: this thread trains */
+    else if (st->train_thread != 0 && st->train_thread != me)  /* a prefetching thread: it overlaps the steps */
+        return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
 
     /* begin: the common case inline, else Instrumentation.begin */
     if (fast_on(st) && (st->depth || !st->pending)) {
@@ -1038,6 +1045,8 @@ static PyObject *Forward_vectorcall(PyObject *op, PyObject *const *args, size_t 
     }
     PyObject *orig = args[0], *mod = args[1];
     if (st->in_root || st->in_data) return call_orig(orig, mod, args[2], args[3]);
+    if (st->train_thread != 0 && st->train_thread != PyThread_get_thread_ident())  /* not the training thread */
+        return call_orig(orig, mod, args[2], args[3]);
 
     /* begin */
     PyObject *grad = PyObject_CallNoArgs(self->grad_enabled);

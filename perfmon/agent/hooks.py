@@ -26,6 +26,7 @@ import gc
 import importlib
 import weakref
 from collections.abc import Callable, Iterator
+from threading import get_ident
 from time import perf_counter
 from typing import Any
 
@@ -197,6 +198,9 @@ class Instrumentation:
 
     # -- install -------------------------------------------------------------------------
     def install(self) -> None:
+        # the thread that imported torch trains, until a backward elsewhere says otherwise: fetches, forwards and
+        # saves on other threads (a prefetching generator, an async checkpoint) overlap the steps, not part of them
+        self.bounds.train_thread = get_ident()
         for name, patch in (("DataLoader", self._patch_dataloader), ("backward", self._patch_backward),
                             ("optimizer", self._hook_optimizer), ("GradScaler", self._patch_grad_scaler),
                             ("torch.save", self._patch_save), ("torch.compile", self._patch_compile),
@@ -247,6 +251,8 @@ class Instrumentation:
 
         def make(orig: Callable) -> Callable:
             def __next__(it: Any) -> Any:
+                if bounds.train_thread != get_ident():  # a prefetching thread: it overlaps the steps
+                    return orig(it)
                 fast = bounds.sink
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1
@@ -303,6 +309,7 @@ class Instrumentation:
 
         def make(orig: Callable) -> Callable:
             def backward(*args: Any, **kwargs: Any) -> Any:
+                bounds.train_thread = get_ident()  # a backward: this thread trains
                 fast = bounds.sink
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1
@@ -470,6 +477,8 @@ class Instrumentation:
     def _patch_save(self) -> None:
         def make(orig: Callable) -> Callable:
             def save(*args: Any, **kwargs: Any) -> Any:
+                if self.bounds.train_thread != get_ident():  # an async checkpoint: it overlaps the steps
+                    return orig(*args, **kwargs)
                 self.begin(CHECKPOINT)
                 try:
                     return orig(*args, **kwargs)
@@ -544,7 +553,8 @@ class Instrumentation:
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 if compiling():  # first, alone: dynamo folds it and reads nothing of perfmon's
                     return original(mod, *args, **kwargs)
-                if not bounds.discovering or inst._module_depth or bounds.in_data or bounds.in_root:
+                if (not bounds.discovering or inst._module_depth or bounds.in_data or bounds.in_root
+                        or bounds.train_thread != get_ident()):
                     inst._module_depth += 1
                     try:
                         return original(mod, *args, **kwargs)
@@ -624,7 +634,7 @@ class Instrumentation:
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 if compiling():  # first, alone (see discovery)
                     return orig(mod, *args, **kwargs)
-                if bounds.in_root or bounds.in_data:
+                if bounds.in_root or bounds.in_data or bounds.train_thread != get_ident():
                     return orig(mod, *args, **kwargs)
                 key = id(mod)
                 if grad_enabled():
