@@ -43,6 +43,12 @@ def run(tmp_path: Path, demo: str, *args: str, sample_interval: str = "0.05", ho
 def test_top_finding_names_the_bottleneck(tmp_path, demo, expected):
     data = run(tmp_path, demo)
     problems = [f for f in data["findings"] if f["severity"] != "info"]
+    if expected == "step-instability" and not problems:
+        # a host busy with other work (CI beside other jobs) adds slow steps of its own; where they hide the
+        # checkpoint's period, the rule says "uneven, on a busy host" as info, having measured the host busy
+        busy = [f for f in data["findings"] if f["id"] == expected and "busy host" in f["title"]]
+        assert busy and busy[0]["fix"] and busy[0]["evidence"], data["findings"]
+        return
     assert problems, data["findings"]
     assert problems[0]["id"] == expected, [(f["id"], f["title"]) for f in problems]
     assert problems[0]["fix"] and problems[0]["evidence"]

@@ -393,6 +393,7 @@ def test_config_wrong_types_are_refused_not_silently_disabling(tmp_path, text, e
     ([35, 52, 60, 77, 91], None),  # scattered
     ([40, 41, 42, 43], None),  # one slow stretch is not a period
     ([45, 60], None),  # two are not enough
-], ids=["exact", "with noise between", "one missed", "scattered", "a stretch", "two"])
+    ([40, 140, 240], None),  # three chance hits of a gap longer than a third of the window are not a period
+], ids=["exact", "with noise between", "one missed", "scattered", "a stretch", "two", "long gap"])
 def test_spike_period_survives_a_busy_hosts_slow_steps(spikes, expected):
     assert spike_period(spikes, list(range(31, 301))) == expected
