@@ -70,7 +70,7 @@ def spike_period(spikes: list[int], steps: list[int], coverage: float = 0.8, rea
     three times: a checkpoint every N steps stays periodic when a busy host adds slow steps of its own between them.
     Candidates are the distances from each slow step to the next ``reach`` ones, up to a third of the window (a
     wider reach finds periods in random spikes too). Each candidate costs one pass over the slow steps: the steps
-    due on a residue are counted, not listed, since the rules run every second (~1.5 ms on 1,000 steps, was ~45)."""
+    due on a residue are counted, not listed, since the rules run every second."""
     if len(spikes) < 3 or not steps:
         return None
     window = set(steps)
