@@ -6,13 +6,13 @@ come from the environment (the launcher sets them): ``PERFMON_RUN_DIR``.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import importlib.machinery
 import os
 import runpy
 import signal
 import sys
-import threading
 import traceback
 import types
 import zipfile
@@ -105,7 +105,9 @@ def main(argv: list[str]) -> int:
 
     agent = bootstrap.start_agent(target, [target, *rest], module=module is not None)
     exit_info: dict = {"code": 0, "signal": None, "exception": None, "traceback": None}
-    interrupted = False
+    # Registered before the script runs, so it runs last: after python has stopped the executors the script left
+    # open, waited for its non-daemon threads (training may run in one) and run the script's own atexit handlers.
+    atexit.register(_at_exit, agent, exit_info)
     try:
         if module is not None:
             sys.argv = [module, *rest]  # run_module replaces argv[0] with the module's file
@@ -125,7 +127,6 @@ def main(argv: list[str]) -> int:
             print(code, file=sys.stderr)
             exit_info["code"] = 1
     except KeyboardInterrupt as exc:
-        interrupted = True
         exit_info.update(code=None, signal="SIGINT", exception="KeyboardInterrupt")
         _trim_chain(exc)
         traceback.print_exception(type(exc), exc, exc.__traceback__)
@@ -137,34 +138,18 @@ def main(argv: list[str]) -> int:
             exit_info.update(_exception_info(exc))
     except BaseException as exc:  # noqa: BLE001 - report it exactly as python would
         exit_info.update(_exception_info(exc))
-    finally:
-        try:
-            _join_script_threads()
-        except KeyboardInterrupt:  # Ctrl-C while python would wait for them: it gives up waiting too
-            interrupted = True
-            exit_info.update(code=None, signal="SIGINT", exception="KeyboardInterrupt")
-        bootstrap.finish_agent(agent, exit_info)
-    if interrupted:
-        # Die of SIGINT like python does, so the parent sees a signal exit (128+2).
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
     return int(exit_info["code"] or 0)
 
 
-def _join_script_threads() -> None:
-    """Wait for the script's non-daemon threads, as python does before it exits: training may run in one that
-    the main thread started and left (perfmon's own threads are daemons). First, as python does, run what was
-    registered to run then (``threading._register_atexit``: concurrent.futures tells the idle workers of an
-    executor the script never shut down to stop; without it they would wait for work forever)."""
-    atexits = getattr(threading, "_threading_atexits", None)
-    if isinstance(atexits, list):
-        calls, atexits[:] = list(atexits), []  # run once, here: the interpreter's own pass then finds none
-        for call in reversed(calls):
-            call()
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon and thread is not threading.current_thread():
-            thread.join()
+def _at_exit(agent: bootstrap.Agent | None, exit_info: dict) -> None:
+    """The process is ending as python ends it: record the exit; a Ctrl-C then dies of SIGINT, as python does, so
+    the parent sees a signal exit (128+2). A child the script forked, ending through here too, leaves it alone."""
+    if agent is not None and os.getpid() != agent.pid:
+        return
+    bootstrap.finish_agent(agent, exit_info)
+    if exit_info["signal"] == "SIGINT":
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def _trim_chain(exc: BaseException) -> None:
