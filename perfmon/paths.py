@@ -134,20 +134,20 @@ def default_run_dir(target: str, root: Path | None = None, now: float | None = N
     root = root or Path.cwd() / "perfmon-runs"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(target).stem if target.endswith(".py") else target) or "run"
-    n = 1
+    n = 0
     while True:
-        candidate = root / (f"{stamp}-{name}" if n == 1 else f"{stamp}-{name}-{n}")
         n += 1
+        candidate = root / (f"{stamp}-{name}" if n == 1 else f"{stamp}-{name}-{n}")
         if not claim:
             if not candidate.exists():
                 return candidate
             continue
+        root.mkdir(parents=True, exist_ok=True)
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            candidate.mkdir()
+            candidate.mkdir()  # atomic: of two processes making the same name, one gets FileExistsError
             return candidate
         except FileExistsError:
-            continue
+            pass
 
 
 #: Set by ``perfmon torchrun``: the job's workers record in ``RUN/rank-K/`` even when there is one of them.

@@ -543,6 +543,18 @@ def test_os_exit_records_every_step_and_the_exit_from_inside_the_job(env, tmp_pa
     assert len(exits) == 1 and "agent_errors" in exits[0]  # recorded by the job's agent, not made up after it
 
 
+def train_loop(steps: int) -> str:
+    """A function body (4-space indent) for the scripts below: ``steps`` SGD updates of a small model."""
+    return f"""
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range({steps}):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+"""
+
+
 THREAD_SCRIPT = """
 import threading
 import time
@@ -551,13 +563,8 @@ import torch
 pool = ThreadPoolExecutor(2)  # never shut down (torch.compile's workers are such a pool): python stops it at exit
 pool.submit(sum, [1, 2]).result()
 def train():
-    model = torch.nn.Linear(4, 4)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(12):
-        opt.zero_grad()
-        model(torch.randn(2, 4)).sum().backward()
-        opt.step()
-        time.sleep(0.02)
+    time.sleep(0.2)  # the main thread has returned by now
+""" + train_loop(12) + """
     print("trained 12 steps", flush=True)
 threading.Thread(target=train).start()
 print("main returns", flush=True)
@@ -580,12 +587,7 @@ import torch.multiprocessing as mp
 def train(rank):
     import perfmon
     perfmon.instrument()  # as the warning suggests: a recording per process
-    model = torch.nn.Linear(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(4):
-        opt.zero_grad()
-        model(torch.randn(2, 4)).sum().backward()
-        opt.step()
+""" + train_loop(4) + """
 if __name__ == "__main__":
     mp.spawn(train, nprocs=2)
     print("spawned ranks done")

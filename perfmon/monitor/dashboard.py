@@ -28,7 +28,7 @@ def _early_exit(proc: TrainingProcess) -> int:
 def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: Any = None) -> int:
     """Open the Textual dashboard on ``proc``; returns perfmon's exit status."""
     from perfmon.tui.app import PerfmonApp
-    from perfmon.tui.shell import SIGNALLED
+    from perfmon.tui.shell import SIGNALLED, STOPPED
 
     if proc.target.torchrun:
         return _run_job_dashboard(proc, rules, exports)
@@ -53,19 +53,27 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
             file=sys.stderr,
         )
         return 0
-    with signals_to(proc):  # waiting for the job: Ctrl-C and SIGTERM still reach it
-        if outcome == "stopped" and proc.alive():
-            print(f"perfmon: stopping training (pid {proc.pid})...", file=sys.stderr)
-            _wait_stopping(proc)
-        elif outcome == SIGNALLED and proc.alive():
-            print(f"perfmon: SIGTERM passed on to training (pid {proc.pid}); waiting for it to end...", file=sys.stderr)
-        returncode = proc.wait()
+    returncode = _wait_for_job(proc, outcome, f"training (pid {proc.pid})")
     # Let the stream finish so the final state (and any exit record we add) is complete.
     source.close()
     # the dashboard stopped reading when it closed: a job stopped from it ended after that
-    finalize_recording(proc.run_dir, state, returncode, rules, complete=outcome not in ("stopped", SIGNALLED))
+    finalize_recording(proc.run_dir, state, returncode, rules, complete=outcome not in (STOPPED, SIGNALLED))
     print(f"perfmon: {state.status}; run dir {proc.run_dir}", file=sys.stderr)
     return exit_status(returncode)
+
+
+def _wait_for_job(proc: TrainingProcess, outcome: str, what: str) -> int:
+    """After the dashboard left: wait for the job to end (escalating a stop asked from the dashboard, never a
+    SIGTERM passed on), Ctrl-C and SIGTERM still reaching it meanwhile; returns its exit status."""
+    from perfmon.tui.shell import SIGNALLED, STOPPED
+
+    with signals_to(proc):
+        if outcome == STOPPED and proc.alive():
+            print(f"perfmon: stopping {what}...", file=sys.stderr)
+            _wait_stopping(proc)
+        elif outcome == SIGNALLED and proc.alive():
+            print(f"perfmon: SIGTERM passed on to {what}; waiting for it to end...", file=sys.stderr)
+        return proc.wait()
 
 
 def _wait_stopping(proc: TrainingProcess, grace: float = 10.0) -> None:
@@ -89,7 +97,6 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
     from perfmon.analysis.job import JobState
     from perfmon.monitor.job_run import finalize_job, job_source, start_nodes
     from perfmon.tui.app import PerfmonApp
-    from perfmon.tui.shell import SIGNALLED
 
     job = JobState()
     source = job_source(proc)
@@ -111,14 +118,7 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
               f"  output:    {proc.run_dir / paths.OUTPUT_LOG}, {paths.STDERR_LOG}\n"
               f"  recording: {proc.run_dir}/rank-*/events.jsonl  (perfmon report {proc.run_dir})", file=sys.stderr)
         return 0
-    with signals_to(proc):
-        if outcome == "stopped" and proc.alive():
-            print(f"perfmon: stopping the job (torchrun pid {proc.pid})...", file=sys.stderr)
-            _wait_stopping(proc)
-        elif outcome == SIGNALLED and proc.alive():
-            print(f"perfmon: SIGTERM passed on to the job (torchrun pid {proc.pid}); waiting for it to end...",
-                  file=sys.stderr)
-        returncode = proc.wait()
+    returncode = _wait_for_job(proc, outcome, f"the job (torchrun pid {proc.pid})")
     source.close()
     summary = finalize_job(proc.run_dir, job, returncode, rules)
     from perfmon.analysis.job_report import job_status

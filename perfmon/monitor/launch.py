@@ -172,8 +172,6 @@ class TrainingProcess:
         self.popen: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
         self._stops = 0
-        #: the last signal passed on with :meth:`forward` (None: none)
-        self.forwarded: int | None = None
         #: Where the job's socket and discovery file go (chosen at start); None: no socket at all.
         self.runtime_dir: Path | None = None
         self._private_runtime: Path | None = None  # made for this job alone; removed when it ends
@@ -299,7 +297,6 @@ class TrainingProcess:
     def forward(self, sig: int) -> None:
         """Pass on a signal that perfmon got (one of :data:`FORWARDED`), as it is: what it would have done to the
         script run by plain python, the script's own handler included. perfmon never escalates it."""
-        self.forwarded = sig
         self._signal(sig)
 
     def _signal(self, sig: int) -> None:

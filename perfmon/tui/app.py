@@ -91,12 +91,11 @@ class PerfmonApp(DashboardShell):
         """SIGTERM, SIGUSR1 or SIGUSR2 sent to perfmon: a job it launched gets it, as plain python would have (a
         script's own handler, a checkpoint on preemption, runs). SIGTERM also closes the dashboard, restoring the
         terminal; a dashboard attached to someone else's job just detaches."""
-        process = self.process if not self.job_ended else None
-        launched = process is not None
-        if process is not None:
-            process.forward(sig)
+        ended = self.job_ended
+        if self.process is not None and not ended:
+            self.process.forward(sig)
         if sig == signal.SIGTERM:
-            self.finish(SIGNALLED if launched else QUIT if self.job_ended else DETACHED)
+            self.finish(QUIT if ended else SIGNALLED if self.process is not None else DETACHED)
 
     def action_request_quit(self) -> None:
         """q / ctrl+c: quit at once when the job is over, else ask."""
