@@ -44,6 +44,7 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
     "instrument_late": ("instrument_late.py", ["--steps", "12"], False),
     "scaler_skip": ("scaler_skip.py", ["--steps", "8", "--inf-every", "4"], False),
     "spawn_pickle": ("spawn_pickle.py", ["--steps", "4"], False),
+    "lightning_style": ("lightning_style.py", ["--steps", "48", "--steps-per-epoch", "24", "--val-every", "16"], True),
 }
 
 
@@ -170,6 +171,11 @@ def test_case_expectations(pair):
         assert phases["optimizer"]["share"] < 0.9, phases
         if "closures_per_step" in rep:
             assert rep["closures_per_step"] == pytest.approx(truth["closure_calls"] / truth["steps"])
+    elif pair.name == "lightning_style":  # every step is step(closure=...): the closure's own work is "other"
+        assert rep["closures_per_step"] == pytest.approx(truth["closure_calls"] / truth["steps"]) == 1.0
+        assert phases["forward"]["mean_ms"] > 0 and phases["backward"]["mean_ms"] > 0, phases
+        # its loss and logged metrics cost ~2x Adam's own step here (~10x less when charged to the optimizer)
+        assert phases["other"]["p50_ms"] > phases["optimizer"]["p50_ms"], phases
     elif pair.name.startswith("dcgan"):  # two optimizers, one training step per batch
         assert rep["steps"] == truth["optimizer_steps"]["D"] == truth["optimizer_steps"]["G"]
     elif pair.name in ("eval_between", "nanogpt"):  # more than 64 no_grad forwards before the first backward

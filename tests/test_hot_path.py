@@ -131,6 +131,29 @@ def lbfgs() -> None:
         opt.step(closure)
 
 
+CLOSURE_WORK_S = 0.02  # the closure's own work in ``lightning_closure`` (a framework's hooks, logging)
+CLOSURE_RESULTS: list[Any] = []  # what each optimizer.step(closure) returned
+
+
+def lightning_closure() -> None:
+    """PyTorch Lightning's automatic optimization: every step is ``optimizer.step(closure=...)``, the closure runs
+    the training step, ``zero_grad`` and the backward, with the framework's own work around them."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    CLOSURE_RESULTS.clear()
+    for i, (xb, yb) in enumerate(_loader()):
+        def closure(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> torch.Tensor:
+            loss = nn.functional.mse_loss(model(xb), yb)
+            until = perf_counter() + CLOSURE_WORK_S
+            while perf_counter() < until:  # the framework's hooks and logging
+                pass
+            opt.zero_grad()
+            loss.backward()
+            return loss
+
+        CLOSURE_RESULTS.append(opt.step(closure=closure) if i % 2 else opt.step(closure))  # both ways of passing it
+
+
 def manual_updates_and_a_failing_backward() -> None:
     model = _mlp()
     for xb, yb in _loader():
@@ -185,7 +208,7 @@ def distillation_and_ema() -> None:
 SHAPES: dict[str, Callable[..., None]] = {
     "distillation_and_ema": distillation_and_ema,
     "plain": plain, "dict_batches_and_eval": dict_batches_and_eval, "gan": gan,
-    "accumulation_and_checkpoint": accumulation_and_checkpoint, "lbfgs": lbfgs,
+    "accumulation_and_checkpoint": accumulation_and_checkpoint, "lbfgs": lbfgs, "lightning_closure": lightning_closure,
     "manual_updates_and_a_failing_backward": manual_updates_and_a_failing_backward, "odd_batches": odd_batches,
 }
 
@@ -524,6 +547,34 @@ def test_the_tracker_makes_the_same_steps_of_folded_and_expanded_events(shape, t
     assert reference
     for seed in (None, 1, 2, 3):
         assert steps(folded, seed) == reference
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
+def test_a_closures_own_work_is_other_not_the_optimizers(accelerated):
+    """``optimizer.step(closure)`` the way Lightning calls it: the closure's own work (here a spin standing for the
+    framework's hooks) is charged to "other", its forward and backward to forward and backward, and the step
+    returns what the closure returned."""
+    from perfmon.agent.steps import StepTracker
+
+    ring = event_buffer(100_000)
+    inst = Instrumentation(lambda code, arg=None: ring.append((code, perf_counter(), arg, None)),
+                           lambda where, exc: pytest.fail(f"{where}: {exc}"), accelerated=accelerated)
+    inst.install()
+    inst.fast = ring.append
+    try:
+        lightning_closure()
+    finally:
+        inst.uninstall()
+    assert all(isinstance(r, torch.Tensor) and r.requires_grad for r in CLOSURE_RESULTS)  # the closure's loss
+    tracker = StepTracker()
+    steps = [s for s in tracker.feed_many(ring.drain()) if s is not None]
+    last = tracker.finish()
+    steps += [last] if last is not None else []
+    assert len(steps) == len(CLOSURE_RESULTS) == 8
+    for step in steps:
+        assert step.closures == 1
+        assert step.other >= CLOSURE_WORK_S  # without the closure's own phase, the spin was the optimizer's
+        assert step.phases["forward"] > 0 and step.phases["backward"] > 0
 
 
 @pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])

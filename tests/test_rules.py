@@ -14,7 +14,7 @@ FIELDS = list(protocol.STEP_FIELDS)
 
 
 def make_state(n=100, data=1.0, fwd=3.0, bwd=4.0, opt=1.5, other=0.5, spikes=None, samples=32, cuda=False,
-               gpus=None, cuda_mem=None, model=None, profile=None, host=None, rss=None, t0=1000.0):
+               gpus=None, cuda_mem=None, model=None, profile=None, host=None, rss=None, t0=1000.0, closures=None):
     """A run of ``n`` steps with the given phase times (ms); extra telemetry optional."""
     state = RunState()
     state.apply(protocol.message("hello", seq=1, script="x.py", argv=["x.py"], pid=1, start=t0, cuda=cuda))
@@ -25,8 +25,8 @@ def make_state(n=100, data=1.0, fwd=3.0, bwd=4.0, opt=1.5, other=0.5, spikes=Non
         extra = (spikes or {}).get(i, 0.0)
         dur = data + fwd + bwd + opt + other + extra
         t += dur / 1000
-        rows.append([i, t, dur, data, fwd, bwd, opt, other + extra, samples])
-    state.apply(protocol.message("steps", fields=FIELDS, rows=rows, seq=seq))
+        rows.append([i, t, dur, data, fwd, bwd, opt, other + extra, samples, *([closures] if closures else [])])
+    state.apply(protocol.message("steps", fields=[*FIELDS, *(["closures"] if closures else [])], rows=rows, seq=seq))
     seq += 1
     if model is not None:
         state.apply(protocol.message("model", seq=seq, **model))
@@ -197,6 +197,14 @@ def test_priority_notes_overlapped_data():
     f = find(make_state(data=0.1, fwd=1, bwd=1, opt=1, other=0), "priority")
     assert f.severity == "info" and len(f.evidence["share_by_phase"]) == 5
     assert list(f.evidence["share_by_phase"].values()) == sorted(f.evidence["share_by_phase"].values(), reverse=True)
+
+
+@pytest.mark.parametrize("closures, says", [(None, False), (1, True)])
+def test_priority_other_names_the_closure_where_steps_run_one(closures, says):
+    """Lightning's loss, logged metrics and hooks run inside optimizer.step(closure): "other" says so there."""
+    f = find(make_state(fwd=1, bwd=1, opt=0.5, other=3, closures=closures), "priority")
+    assert f.title.startswith("Biggest phase: other")
+    assert ("optimizer.step(closure)'s closure" in f.fix) == says
 
 
 def test_step_instability_periodic_spikes_and_quiet_when_steady():

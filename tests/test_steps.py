@@ -7,6 +7,7 @@ import pytest
 from perfmon.agent.steps import (
     BEGIN,
     BOUNDARY,
+    CLOSURE,
     COPY,
     END,
     GRAD,
@@ -35,12 +36,12 @@ class Seq:
         self.t += ms / 1000
         return self
 
-    def phase(self, name: str, ms: float, samples: int | None = None, inner: list[tuple[str, float]] = (),
+    def phase(self, name: str, ms: float, samples: int | None = None, inner: list[tuple] = (),
               opt: str = "opt", arg: object = None) -> Seq:
         key = opt if name == "optimizer" else arg[2] if isinstance(arg, tuple) else None
         self.events.append((BEGIN, self.t, arg or name, key))
-        for sub, sub_ms in inner:
-            self.phase(sub, sub_ms)
+        for sub in inner:  # (name, ms) or (name, ms, its own inner phases)
+            self.phase(sub[0], sub[1], inner=sub[2] if len(sub) > 2 else ())
         self.t += ms / 1000
         end = (name, samples) if name == "data" else (name, key) if name == "optimizer" else name
         self.events.append((END, self.t, end, key))
@@ -67,6 +68,9 @@ class Seq:
         bounds = Boundaries()
         out = []
         for code, t, arg, key in self.events:
+            if arg == CLOSURE:  # the closure's wrapper emits its events without asking Boundaries
+                out.append(tracker.feed(code, t, arg))
+                continue
             if code == BEGIN:
                 phase = arg[0] if isinstance(arg, tuple) else arg
                 if bounds.begin(phase, key):
@@ -154,6 +158,23 @@ def test_lbfgs_closure_phases_are_charged_to_the_innermost_phase():
     assert steps[0].duration == pytest.approx(0.007)  # nothing counted twice: phases add up to the step
     assert steps[0].other == pytest.approx(0.0)
     assert steps[0].closures == 2
+
+
+def test_closure_own_work_is_other_and_each_closure_counts_once():
+    """PyTorch Lightning steps every optimizer through ``step(closure)``: the closure's own work (the loss, its
+    hooks and logging, ``zero_grad``) is the script's time ("other"), as in a plain loop, not the optimizer's."""
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(2):
+        s.phase("data", 1, 16)
+        s.phase("optimizer", 1, inner=[("closure", 4, [("forward", 1), ("backward", 2)]), ("closure", 1)])
+    steps = s.run()
+    assert len(steps) == 2
+    first = steps[0]
+    assert first.phases["optimizer"] == pytest.approx(0.001)  # its own work only
+    assert (first.phases["forward"], first.phases["backward"]) == (pytest.approx(0.001), pytest.approx(0.002))
+    assert first.other == pytest.approx(0.005)  # the two closures' own 4 + 1 ms
+    assert first.duration == pytest.approx(0.010)
+    assert first.closures == 2  # the second ran no backward: still an evaluation
 
 
 def test_grad_scaler_step_wrapping_optimizer_step_is_one_phase():

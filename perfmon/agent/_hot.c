@@ -49,7 +49,7 @@
 #define TAG_FORWARD 4    /* ("forward", id(ptr), kind) */
 #define TAG_OPTIMIZER 5  /* ("optimizer", id(ptr)) */
 
-static PyObject *s_on_error, *s_hooks, *s_begin, *s_end, *s_finish_discovery, *s_boundary, *s_note_optimizer,
+static PyObject *s_on_error, *s_hooks, *s_begin, *s_end, *s_finish_discovery, *s_boundary, *s_note_optimizer, *s_wrap_closure,
     *s_size, *s_values, *s_key, *s_after_count;
 static PyObject *kw_key;  /* ("key",) */
 static PyObject *phase_names[4];
@@ -916,6 +916,15 @@ static PyObject *OptimizerHook_vectorcall(PyObject *op, PyObject *const *args, s
         } else {
             report(inst);
         }
+        /* step(closure): the closure's own work is timed apart (Instrumentation.wrap_closure), a rare case */
+        PyObject *a = PyVectorcall_NARGS(nargsf) > 1 ? args[1] : NULL, *kw = PyVectorcall_NARGS(nargsf) > 2 ? args[2] : NULL;
+        if ((a != NULL && PyTuple_Check(a) && PyTuple_GET_SIZE(a) > 1)
+                || (kw != NULL && PyDict_Check(kw) && PyDict_GET_SIZE(kw) > 0)) {
+            Py_XDECREF(key);
+            PyObject *r = PyObject_CallMethodObjArgs(inst, s_wrap_closure, a, kw, NULL);
+            if (r == NULL) { report(inst); Py_RETURN_NONE; }
+            return r;
+        }
     } else if (single && fast_on(st) && st->depth == 1 && !st->explicit_) {
         /* the loop's one optimizer, at top level: its step ends the training step (Boundaries.end's fast case) */
         st->depth = 0;
@@ -1536,7 +1545,7 @@ static struct PyModuleDef hot_module = {
 PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_on_error, "_on_error"); INTERN(s_hooks, "hooks"); INTERN(s_begin, "begin"); INTERN(s_end, "end");
     INTERN(s_finish_discovery, "finish_discovery"); INTERN(s_boundary, "_boundary");
-    INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_size, "size"); INTERN(s_values, "values");
+    INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_wrap_closure, "wrap_closure"); INTERN(s_size, "size"); INTERN(s_values, "values");
     INTERN(s_key, "key"); INTERN(s_after_count, "after_count");
     INTERN(s_index, "index"); INTERN(s_start, "start"); INTERN(s_phases, "phases");
     INTERN(s_samples, "samples"); INTERN(k_data, "data"); INTERN(k_forward, "forward");

@@ -37,6 +37,7 @@ from perfmon.agent.steps import (
     BEGIN,
     BOUNDARY,
     CHECKPOINT,
+    CLOSURE,
     COPY,
     END,
     END_BOUNDARY,
@@ -343,7 +344,7 @@ class Instrumentation:
         known = self._optimizer_ids
         bounds = self.bounds
 
-        def pre_hook(opt: Any, args: Any, kwargs: Any) -> None:
+        def pre_hook(opt: Any, args: Any, kwargs: Any) -> tuple[tuple, dict] | None:
             key = id(opt)
             if key not in known:
                 self._note_optimizer(opt)
@@ -356,6 +357,9 @@ class Instrumentation:
                     self._on_error("hooks", exc)
             else:
                 self.begin("optimizer", key=key)
+            if len(args) > 1 or kwargs:  # step(closure): time the closure's own work apart
+                return self.wrap_closure(args, kwargs)
+            return None
 
         def post_hook(opt: Any, args: Any, kwargs: Any) -> None:
             key = id(opt)
@@ -396,6 +400,47 @@ class Instrumentation:
             return __init__
 
         self._patch(optim_mod.Optimizer, "__init__", make)
+
+    def wrap_closure(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+        """``optimizer.step(closure)`` (LBFGS, and every step of PyTorch Lightning's automatic optimization): the
+        step's ``(args, kwargs)`` with the closure wrapped, or None where it has none. The closure's own work (the
+        loss, ``zero_grad``, a framework's hooks) is the script's, as in a plain loop: its ``closure`` phase is
+        charged to no phase ("other"), while the forward and backward inside it are forward and backward."""
+        try:
+            closure = kwargs.get("closure")
+            if closure is not None:
+                return args, {**kwargs, "closure": self._timed_closure(closure)}
+            if len(args) > 1 and args[1] is not None:  # args[0] is the optimizer
+                return (args[0], self._timed_closure(args[1]), *args[2:]), kwargs
+        except Exception as exc:  # noqa: BLE001 - never into training
+            self._on_error("hooks", exc)
+        return None
+
+    def _timed_closure(self, closure: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(closure):  # the optimizer's own error, as without perfmon
+            return closure
+        mark = self._closure_mark
+
+        @functools.wraps(closure)
+        def timed_closure(*args: Any, **kwargs: Any) -> Any:
+            mark(BEGIN)
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                mark(END)
+
+        return timed_closure
+
+    def _closure_mark(self, code: int) -> None:
+        """A closure begins or ends: an event only (it nests in the optimizer's step: no step boundary here)."""
+        try:
+            fast = self.bounds.sink
+            if fast is not None:
+                fast((code, perf_counter(), CLOSURE, None))
+            else:
+                self._emit(code, CLOSURE)
+        except Exception as exc:  # noqa: BLE001 - never into training
+            self._on_error("hooks", exc)
 
     def _note_optimizer(self, opt: Any) -> None:
         if opt in self.optimizers:

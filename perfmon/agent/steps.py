@@ -20,7 +20,8 @@ Rules (README "What is measured, and how" says the same):
   next data fetch or forward. Once the script calls ``perfmon.step()``, only its calls
   end steps.
 * Nested phases are charged to the innermost (self time): LBFGS's forward and backward
-  inside ``step(closure)`` are forward and backward; "optimizer" is its own work.
+  inside ``step(closure)`` are forward and backward; "optimizer" is its own work, and the
+  closure's own work (the loss, ``zero_grad``, a framework's hooks) is "other", as in a plain loop.
 * Between steps, a stretch with evaluation forwards (a no-grad call of a trained model or
   of a copy of it), extra DataLoader fetches or ``torch.save`` is time outside training
   steps, never part of a step. A no-grad forward of a module that is never trained (a
@@ -69,6 +70,8 @@ def expand_steady(event: tuple[int, float, Any, Any]) -> list[tuple[int, float, 
     return [(BEGIN, t0, "data", None), (END, t1, ("data", n), None), *steady]
 
 CHECKPOINT = "checkpoint"  # torch.save: not a step phase; marks time outside steps
+#: The closure of ``optimizer.step(closure)`` runs: not a step phase (its own work is "other"), one evaluation.
+CLOSURE = "closure"
 OUTSIDE = OUTSIDE_KINDS  # evaluation, checkpoint, other
 
 
@@ -382,9 +385,9 @@ class StepTracker:
                     if part is None:
                         part = self._part = _Part(t, None)
                     part.acc[top] += t - self._since
-                    if phase == "backward" and top == "optimizer":
-                        part.closures += 1  # one backward per closure, however many modules it calls
-                elif phase == "backward" and top == "optimizer":
+                    if top == "optimizer" and (phase == CLOSURE or phase == "backward"):
+                        part.closures += 1  # one per closure (or per backward of a closure not seen as one)
+                elif top == "optimizer" and (phase == CLOSURE or phase == "backward"):
                     self._current(t, mark).closures += 1
             else:
                 part = self._part

@@ -61,7 +61,7 @@ class Store:
         self.samples_steps = 0  # steps that counted samples
         #: ms spent outside training steps, by kind (evaluation, checkpoint, other)
         self.outside_ms: dict[str, float] = dict.fromkeys(OUTSIDE_KINDS, 0.0)
-        self.closures_total = 0  # closure evaluations (forwards inside optimizer.step), all steps
+        self.closures_total = 0  # closure evaluations (calls of optimizer.step(closure)'s closure), all steps
         self.closure_steps = 0  # steps that reported closures
         #: steps a fast job's live stream summarised (``bulk``): counted and summed exactly, their percentiles
         #: estimated from the rows sent beside them; the recording has every row

@@ -144,6 +144,7 @@ class Facts:
     budget: MemoryBudget
     rss_history: list[float]  # RSS readings past warm-up, oldest first
     cuda_alloc_history: list[float]  # CUDA allocated memory, the same way
+    closures_per_step: float | None = None  # optimizer.step(closure) evaluations a step (LBFGS, Lightning)
 
     @classmethod
     def from_state(cls, state: Store, cfg: Config) -> Facts:
@@ -157,6 +158,7 @@ class Facts:
             model=state.model or ModelInfo(), gpus=state.gpus, cuda_mem=state.cuda_mem,
             host=metrics.recent_host(state) or HostSample(), budget=metrics.memory_budget(state),
             rss_history=list(state.rss_samples), cuda_alloc_history=list(state.cuda_alloc_samples),
+            closures_per_step=metrics.closures_per_step(state),
         )
 
     def quantile(self, q: float) -> float | None:

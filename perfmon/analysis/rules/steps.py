@@ -22,6 +22,10 @@ def priority(f: Facts, cfg: Config) -> Finding | None:
     note = ""
     if top == "data" and f.shares["data"] < cfg.data_warn:
         note = " (data is overlapped by workers: speeding it up gives nothing)"
+    elif top == "other" and f.closures_per_step:  # Lightning's training_step and hooks run inside the closure
+        note = (" (here that includes the work of optimizer.step(closure)'s closure outside the model's forward and "
+                "backward: the loss, logged metrics, a framework's hooks; log less often, without .item() or a "
+                "sync across ranks every step)")
     return Finding(
         "priority", "info", f"Biggest phase: {top} ({share:.0%} of step time)",
         {"share_by_phase": {p: round(s, 4) for p, s in ranked}, "steps": len(f.steps)},  # ranked, biggest first
