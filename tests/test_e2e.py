@@ -609,6 +609,38 @@ def test_torch_multiprocessing_spawn_is_said_and_its_workers_record_on_their_own
     assert all(report(d, env)["steps"] == 4 for d in workers)
 
 
+RANKS_BY_SUBPROCESS_SCRIPT = """
+import os, subprocess, sys, tempfile
+import torch
+import torch.distributed as dist
+rank = int(os.environ.get("LOCAL_RANK", "0"))
+if rank == 0:  # PyTorch Lightning's DDP launcher: the script again, one subprocess per further rank
+    os.environ["INIT_FILE"] = tempfile.mktemp()
+    child = subprocess.Popen([sys.executable, *sys.argv], env=dict(os.environ, LOCAL_RANK="1"))
+dist.init_process_group("gloo", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=2)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(4):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+dist.destroy_process_group()
+if rank == 0:
+    print("rank 0 done, rank 1 exited", child.wait())
+"""
+
+
+def test_ranks_the_job_starts_itself_are_said_with_what_follows_them(env, tmp_path):
+    """A job that starts its other ranks itself (Lightning's DDP): perfmon follows the process it started, says
+    once that the others run without it, and how to follow them all; the job runs as under plain python."""
+    plain, res, run = plain_and_headless(RANKS_BY_SUBPROCESS_SCRIPT, "lightning_ddp.py", env, tmp_path)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == "rank 0 done, rank 1 exited 0\n"
+    said = re.findall(r"^\[perfmon\] warning: torch.distributed: this process is rank 0 of 2.*$", res.stderr, re.M)
+    assert len(said) == 1 and "perfmon torchrun --nproc_per_node 2 SCRIPT" in said[0], res.stderr
+    assert report(run, env)["steps"] == 4
+
+
 def test_sigterm_to_training_process_gives_143_and_live_status(background, env, tmp_path):
     run, gate = tmp_path / "run", tmp_path / "gate"
     bg = background(["--headless", "--interval", "0.5", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",

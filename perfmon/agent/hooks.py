@@ -24,6 +24,7 @@ import contextlib
 import functools
 import gc
 import importlib
+import os
 import weakref
 from collections.abc import Callable, Iterator
 from threading import get_ident
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from perfmon import paths
 from perfmon.agent.native import HOT, accelerator
 from perfmon.agent.steps import (
     BEGIN,
@@ -75,6 +77,12 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         "prefetch_factor": getattr(loader, "prefetch_factor", None), "batch_size": loader.batch_size,
         "dataset": type(loader.dataset).__name__,
     }
+
+
+def launched_alone() -> bool:
+    """This process is the one ``perfmon SCRIPT`` started (not a rank of ``perfmon torchrun``, nor a process the
+    job started or a script that called ``perfmon.instrument()``)."""
+    return os.environ.get("PERFMON_LAUNCHER_PID") == str(os.getppid()) and os.environ.get(paths.RANKS_ENV) != "1"
 
 
 def _compiling() -> Callable[[], bool]:
@@ -205,7 +213,8 @@ class Instrumentation:
         for name, patch in (("DataLoader", self._patch_dataloader), ("backward", self._patch_backward),
                             ("optimizer", self._hook_optimizer), ("GradScaler", self._patch_grad_scaler),
                             ("torch.save", self._patch_save), ("torch.compile", self._patch_compile),
-                            ("torch.multiprocessing.spawn", self._patch_spawn), ("forward", self._start_discovery)):
+                            ("torch.multiprocessing.spawn", self._patch_spawn),
+                            ("torch.distributed", self._patch_init_process_group), ("forward", self._start_discovery)):
             try:
                 patch()
             except Exception:  # noqa: BLE001 - a torch without this API: that part is not measured (said once)
@@ -487,6 +496,37 @@ class Instrumentation:
         mp = importlib.import_module("torch.multiprocessing")
         if getattr(mp, "start_processes", None) is patched.__perfmon_original__:
             self._patch(mp, "start_processes", lambda orig: patched)  # the name the package exports too
+
+    def _patch_init_process_group(self) -> None:
+        """A job that makes its other ranks itself (PyTorch Lightning's DDP runs the script again in a subprocess
+        per rank): perfmon follows the process it started only. Say so once, with what follows every rank."""
+        import torch.distributed as dist
+
+        if not dist.is_available() or not launched_alone():
+            return
+        said: list[bool] = []
+
+        def make(orig: Callable) -> Callable:
+            def init_process_group(*args: Any, **kwargs: Any) -> Any:
+                out = orig(*args, **kwargs)
+                if not said:
+                    said.append(True)
+                    try:
+                        world, rank = dist.get_world_size(), dist.get_rank()
+                        if world > 1:
+                            self._warn(f"torch.distributed: this process is rank {rank} of {world}, and perfmon "
+                                       f"follows this process only: the other {world - 1} rank(s) run without "
+                                       "perfmon and their steps are not recorded. To monitor every rank, start the "
+                                       f"job with `perfmon torchrun --nproc_per_node {world} SCRIPT [ARGS]` "
+                                       "(PyTorch Lightning and accelerate take their ranks from torchrun's "
+                                       "environment when they find it)")
+                    except Exception as exc:  # noqa: BLE001 - never into training
+                        self._on_error("hooks:distributed", exc)
+                return out
+
+            return init_process_group
+
+        self._patch(dist, "init_process_group", make)
 
     def _find_existing_optimizers(self) -> None:
         """``perfmon.instrument()`` after the optimizer was built: find the ones that exist."""
