@@ -154,6 +154,30 @@ def lightning_closure() -> None:
         CLOSURE_RESULTS.append(opt.step(closure=closure) if i % 2 else opt.step(closure))  # both ways of passing it
 
 
+def activation_checkpointing() -> None:
+    """torch.utils.checkpoint (HF's gradient_checkpointing): the blocks' forwards run again inside the backward."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Linear(16, 4)) for _ in range(2))
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+            return self.head(x)
+
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for xb, yb in _loader():
+        loss = nn.functional.mse_loss(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
 def manual_updates_and_a_failing_backward() -> None:
     model = _mlp()
     for xb, yb in _loader():
@@ -209,6 +233,7 @@ SHAPES: dict[str, Callable[..., None]] = {
     "distillation_and_ema": distillation_and_ema,
     "plain": plain, "dict_batches_and_eval": dict_batches_and_eval, "gan": gan,
     "accumulation_and_checkpoint": accumulation_and_checkpoint, "lbfgs": lbfgs, "lightning_closure": lightning_closure,
+    "activation_checkpointing": activation_checkpointing,
     "manual_updates_and_a_failing_backward": manual_updates_and_a_failing_backward, "odd_batches": odd_batches,
 }
 
@@ -547,6 +572,25 @@ def test_the_tracker_makes_the_same_steps_of_folded_and_expanded_events(shape, t
     assert reference
     for seed in (None, 1, 2, 3):
         assert steps(folded, seed) == reference
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
+def test_checkpointed_blocks_recomputed_in_the_backward_are_backward_time(accelerated, tmp_path):
+    """Activation checkpointing runs the blocks' forwards again inside the backward (on the calling thread on a
+    CPU): that is the backward's cost, and a block is not a root of its own."""
+    res = run_shape("activation_checkpointing", accelerated=accelerated, fast=True, tmp=tmp_path)
+    assert res["errors"] == []
+    inside, forwards_in_backward, roots = 0, 0, set()
+    for code, arg in res["events"]:
+        phase = arg[0] if isinstance(arg, tuple) else arg
+        if phase == "backward":
+            inside += 1 if code == 0 else -1
+        elif phase == "forward" and code == 0:
+            forwards_in_backward += inside > 0
+            roots.add(arg[1])
+    assert forwards_in_backward == 0
+    assert roots == {0}  # the model only (ids numbered in the order seen)
+    assert sum(1 for code, arg in res["events"] if code == 0 and isinstance(arg, tuple) and arg[0] == "forward") == 8
 
 
 @pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])

@@ -436,7 +436,7 @@ static PyTypeObject RingType = {
 
 typedef struct {
     PyObject_HEAD
-    long depth, in_data, in_root;
+    long depth, in_data, in_root, in_backward;
     unsigned long train_thread;  /* the thread that trains (the last to run a backward); 0: not known */
     char pending, explicit_, optimizers_seen, discovering;
     PyObject *single;    /* id() of the loop's one optimizer, once learned, or None */
@@ -501,6 +501,8 @@ static PyMemberDef State_members[] = {
     {"depth", T_LONG, offsetof(State, depth), 0, "phases open on the training thread"},
     {"in_data", T_LONG, offsetof(State, in_data), 0, "inside a DataLoader fetch (module calls there are transforms)"},
     {"in_root", T_LONG, offsetof(State, in_root), 0, "inside a root's forward (same-class submodules are not roots)"},
+    {"in_backward", T_LONG, offsetof(State, in_backward), 0,
+     "inside a backward (module calls there recompute checkpointed activations: backward time)"},
     {"train_thread", T_ULONG, offsetof(State, train_thread), 0,
      "threading.get_ident() of the thread that trains; fetches and forwards on others are not its steps' time"},
     {"pending", T_BOOL, offsetof(State, pending), 0, "a step's update ended: the next iteration ends the step"},
@@ -730,6 +732,7 @@ static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t na
         call_slow(inst, s_begin, self->phase, NULL, NULL);
     }
     if (data) st->in_data++;
+    else st->in_backward++;
 
     PyObject *result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
 
@@ -737,6 +740,7 @@ static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t na
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
     PyObject *n = NULL;
+    if (!data) st->in_backward--;
     if (data) {
         st->in_data--;
         if (result != NULL) {
@@ -1053,7 +1057,7 @@ static PyObject *Forward_vectorcall(PyObject *op, PyObject *const *args, size_t 
         return NULL;
     }
     PyObject *orig = args[0], *mod = args[1];
-    if (st->in_root || st->in_data) return call_orig(orig, mod, args[2], args[3]);
+    if (st->in_root || st->in_data || st->in_backward) return call_orig(orig, mod, args[2], args[3]);
     if (st->train_thread != 0 && st->train_thread != PyThread_get_thread_ident())  /* not the training thread */
         return call_orig(orig, mod, args[2], args[3]);
 

@@ -329,9 +329,11 @@ class Instrumentation:
                         self._on_error("hooks", exc)
                 else:
                     self.begin("backward")
+                bounds.in_backward += 1
                 try:
                     return orig(*args, **kwargs)
                 finally:
+                    bounds.in_backward -= 1
                     fast = bounds.sink
                     depth = bounds.depth
                     if fast is not None and (depth > 1 or (depth == 1 and bounds.optimizers_seen)):
@@ -639,7 +641,7 @@ class Instrumentation:
                 if compiling():  # first, alone: dynamo folds it and reads nothing of perfmon's
                     return original(mod, *args, **kwargs)
                 if (not bounds.discovering or inst._module_depth or bounds.in_data or bounds.in_root
-                        or bounds.train_thread != get_ident()):
+                        or bounds.in_backward or bounds.train_thread != get_ident()):
                     inst._module_depth += 1
                     try:
                         return original(mod, *args, **kwargs)
@@ -719,7 +721,7 @@ class Instrumentation:
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 if compiling():  # first, alone (see discovery)
                     return orig(mod, *args, **kwargs)
-                if bounds.in_root or bounds.in_data or bounds.train_thread != get_ident():
+                if bounds.in_root or bounds.in_data or bounds.in_backward or bounds.train_thread != get_ident():
                     return orig(mod, *args, **kwargs)
                 key = id(mod)
                 if grad_enabled():
