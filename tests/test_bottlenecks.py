@@ -38,7 +38,7 @@ def run(tmp_path: Path, demo: str, *args: str, sample_interval: str = "0.05", ho
 @pytest.mark.parametrize(
     "demo, expected",
     [("slow_dataloader", "input-bound"), ("spiky", "step-instability"), ("leaking", "memory-creep"),
-     ("slow_optimizer", "slow-optimizer"), ("loader_cpu_bound", "loader-cpu-bound")],
+     ("slow_optimizer", "slow-optimizer"), ("loader_cpu_bound", "loader-cpu-bound"), ("prefetch_thread", "input-bound")],
 )
 def test_top_finding_names_the_bottleneck(tmp_path, demo, expected):
     data = run(tmp_path, demo)

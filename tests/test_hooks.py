@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from perfmon.agent.hooks import Instrumentation, accelerator
-from perfmon.agent.steps import BEGIN, BOUNDARY, END, StepTracker
+from perfmon.agent.steps import BEGIN, BOUNDARY, END, PREFETCH, StepTracker
 
 
 class Recorder:
@@ -317,3 +317,6 @@ def test_fetches_and_saves_on_other_threads_overlap_the_steps_instead_of_joining
     phases = [a[0] if isinstance(a, tuple) else a for c, a in rec.events if c == BEGIN]
     assert "data" not in phases and "checkpoint" not in phases  # all on the other threads
     assert phases.count("backward") == 20
+    # how long the prefetching thread fetched is counted apart: one event a batch (StopIteration ends none)
+    fetched = [a for c, a in rec.events if c == PREFETCH]
+    assert len(fetched) == 20 and all(isinstance(a, tuple) and a[0] > 0 for a in fetched), fetched[:3]

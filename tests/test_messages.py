@@ -56,6 +56,10 @@ def test_step_rows_are_columns_and_a_bad_value_cuts_the_message():
     assert s.i == [1, 2] and s.phases[1] == [1.5, 2.0]  # the device time where measured
     assert s.samples == [32, 0] and s.closures == [3, None] and s.device_timed
     assert s.outside == {"checkpoint": 5.0}
+    fetched = messages.parse(protocol.message("steps", fields=[*protocol.STEP_FIELDS, "prefetch_ms"],
+                                              rows=[[1, 100.0, 10.0, 1.0, 2.0, 3.0, 2.0, 2.0, 32, 7.5]],
+                                              bulk={"n": 3, "sum_ms": {"dur": 30.0}, "prefetch_ms": 21.0}))
+    assert fetched.prefetch == [7.5] and fetched.bulk.prefetch_ms == 21.0 and s.prefetch is None
     missing = protocol.message("steps", fields=["i", "t"], rows=[[1, 2.0]])
     assert messages.parse(missing).cut  # a required column is missing
 

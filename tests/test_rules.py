@@ -14,7 +14,8 @@ FIELDS = list(protocol.STEP_FIELDS)
 
 
 def make_state(n=100, data=1.0, fwd=3.0, bwd=4.0, opt=1.5, other=0.5, spikes=None, samples=32, cuda=False,
-               gpus=None, cuda_mem=None, model=None, profile=None, host=None, rss=None, t0=1000.0, closures=None):
+               gpus=None, cuda_mem=None, model=None, profile=None, host=None, rss=None, t0=1000.0, closures=None,
+               prefetch=None):
     """A run of ``n`` steps with the given phase times (ms); extra telemetry optional."""
     state = RunState()
     state.apply(protocol.message("hello", seq=1, script="x.py", argv=["x.py"], pid=1, start=t0, cuda=cuda))
@@ -25,8 +26,10 @@ def make_state(n=100, data=1.0, fwd=3.0, bwd=4.0, opt=1.5, other=0.5, spikes=Non
         extra = (spikes or {}).get(i, 0.0)
         dur = data + fwd + bwd + opt + other + extra
         t += dur / 1000
-        rows.append([i, t, dur, data, fwd, bwd, opt, other + extra, samples, *([closures] if closures else [])])
-    state.apply(protocol.message("steps", fields=[*FIELDS, *(["closures"] if closures else [])], rows=rows, seq=seq))
+        rows.append([i, t, dur, data, fwd, bwd, opt, other + extra, samples, *([closures] if closures else []),
+                     *([prefetch] if prefetch is not None else [])])
+    fields = [*FIELDS, *(["closures"] if closures else []), *(["prefetch_ms"] if prefetch is not None else [])]
+    state.apply(protocol.message("steps", fields=fields, rows=rows, seq=seq))
     seq += 1
     if model is not None:
         state.apply(protocol.message("model", seq=seq, **model))
@@ -197,6 +200,21 @@ def test_priority_notes_overlapped_data():
     f = find(make_state(data=0.1, fwd=1, bwd=1, opt=1, other=0), "priority")
     assert f.severity == "info" and len(f.evidence["share_by_phase"]) == 5
     assert list(f.evidence["share_by_phase"].values()) == sorted(f.evidence["share_by_phase"].values(), reverse=True)
+
+
+# step: data 0, fwd 3, bwd 4, opt 1.5, other 11.5 = 20 ms; a prefetching thread fetching `prefetch` ms of it
+@pytest.mark.parametrize("prefetch, severity", [(None, None), (10.0, None), (15.9, None), (16.0, "critical"),
+                                                (19.5, "critical")])
+def test_input_bound_when_the_loop_waits_for_a_prefetching_thread(prefetch, severity):
+    state = make_state(data=0.0, other=11.5, prefetch=prefetch, model={"loaders": [LOADER]})
+    f = find(state, "input-bound")
+    assert (f.severity if f else None) == severity
+    if f:
+        assert "prefetching thread" in f.title and f.evidence["prefetch_busy"] >= 0.8
+        assert "num_workers=0" in f.fix and f.impact == pytest.approx(11.5 / 20)
+        assert "prefetching thread" in find(state, "priority").fix  # "other" is its wait
+    calm = make_state(data=0.0, other=2.0, prefetch=5.0)  # a 10.5 ms step: the thread keeps up, fetching 48% of it
+    assert find(calm, "input-bound") is None
 
 
 @pytest.mark.parametrize("closures, says", [(None, False), (1, True)])

@@ -13,6 +13,7 @@ from perfmon.agent.steps import (
     GRAD,
     NOGRAD,
     OPTIMIZER_CREATED,
+    PREFETCH,
     STEP,
     Boundaries,
     StepTracker,
@@ -175,6 +176,22 @@ def test_closure_own_work_is_other_and_each_closure_counts_once():
     assert first.other == pytest.approx(0.005)  # the two closures' own 4 + 1 ms
     assert first.duration == pytest.approx(0.010)
     assert first.closures == 2  # the second ran no backward: still an evaluation
+
+
+def test_other_threads_fetches_count_in_the_step_they_end_in_and_change_nothing_else():
+    """A prefetching thread's fetches (PREFETCH events, from another thread) are counted apart in the step during
+    which each ended; the steps, their phases and their times are what they are without them."""
+    plain = optimizer_loop(Seq(), 4)
+    s = optimizer_loop(Seq(), 4)
+    # a fetch of 6 ms ending inside step 2's forward, two ending inside step 4's own fetch
+    at = [k for k, ev in enumerate(s.events) if ev[0] == BEGIN and ev[2] == "forward"]
+    s.events.insert(at[1] + 1, (PREFETCH, s.events[at[1]][1] + 0.0005, (0.006,), None))
+    t4 = s.events[at[3] - 2][1]  # step 4's data begins
+    s.events[at[3] - 1 : at[3] - 1] = [(PREFETCH, t4 + 0.0001, (0.002,), None), (PREFETCH, t4 + 0.0002, (0.003,), None)]
+    steps, reference = s.run(), plain.run()
+    assert [st.prefetch for st in steps] == [0.0, pytest.approx(0.006), 0.0, pytest.approx(0.005)]
+    assert [(st.index, st.start, st.end, st.phases, st.samples) for st in steps] == [
+        (st.index, st.start, st.end, st.phases, st.samples) for st in reference]
 
 
 def test_grad_scaler_step_wrapping_optimizer_step_is_one_phase():

@@ -28,6 +28,7 @@
 /* event codes: perfmon.agent.steps */
 #define BEGIN 0
 #define END 1
+#define PREFETCH 4  /* a fetch on another thread ended: arg (its seconds,) */
 #define END_BOUNDARY 6
 #define STEADY 7  /* one steady iteration's events, folded by Ring.drain */
 
@@ -49,7 +50,7 @@
 #define TAG_FORWARD 4    /* ("forward", id(ptr), kind) */
 #define TAG_OPTIMIZER 5  /* ("optimizer", id(ptr)) */
 
-static PyObject *s_on_error, *s_hooks, *s_begin, *s_end, *s_finish_discovery, *s_boundary, *s_note_optimizer, *s_wrap_closure,
+static PyObject *s_on_error, *s_hooks, *s_begin, *s_end, *s_finish_discovery, *s_boundary, *s_note_optimizer, *s_wrap_closure, *s_emit,
     *s_size, *s_values, *s_key, *s_after_count;
 static PyObject *kw_key;  /* ("key",) */
 static PyObject *phase_names[4];
@@ -613,6 +614,14 @@ static int emit_obj(State *st, int code, PyObject *arg) {
     return r;
 }
 
+/* inst._emit(code, arg): an event without the fast path (Instrumentation.fast unset). -1 with an error set. */
+static int call_slow_emit(PyObject *inst, int code, PyObject *arg) {
+    PyObject *r = PyObject_CallMethodObjArgs(inst, s_emit, codes[code], arg, NULL);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 /* inst.begin(phase) or inst.begin(phase, key=key): the Python hooks' slow path, which catches its own errors */
 static void call_slow(PyObject *inst, PyObject *method, PyObject *phase, PyObject *arg, PyObject *key) {
     PyObject *r;
@@ -721,8 +730,19 @@ static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t na
     int phase = data ? PH_DATA : PH_BACKWARD;
     unsigned long me = PyThread_get_thread_ident();
     if (!data) st->train_thread = me;  /* a backward: this thread trains */
-    else if (st->train_thread != 0 && st->train_thread != me)  /* a prefetching thread: it overlaps the steps */
-        return PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    else if (st->train_thread != 0 && st->train_thread != me) {
+        /* a prefetching thread: it overlaps the steps; how long it fetches is counted apart */
+        double t0 = now();
+        PyObject *result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+        if (result != NULL) {
+            PyObject *arg = Py_BuildValue("(d)", now() - t0);
+            int r = arg == NULL ? -1 : fast_on(st) ? emit_obj(st, PREFETCH, arg)
+                : (call_slow_emit(inst, PREFETCH, arg));
+            Py_XDECREF(arg);
+            if (r < 0) report(inst);
+        }
+        return result;
+    }
 
     /* begin: the common case inline, else Instrumentation.begin */
     if (fast_on(st) && (st->depth || !st->pending)) {
@@ -1182,7 +1202,7 @@ static int item_double(PyObject *dict, PyObject *key, double *out) {
 
 /* What steps.StepRecord says of a step, for the steps of a steady loop: the times as doubles, made without a
  * Python frame, a dict or nine float objects a step (the publisher makes one per step at any step rate). Reads as a
- * StepRecord: index, start, end, phases (a new dict), samples (None for none), marks (empty), closures (0), duration,
+ * StepRecord: index, start, end, phases (a new dict), samples (None for none), marks (empty), closures (0), prefetch (0.0), duration,
  * other; step_rows reads its fields directly. */
 typedef struct {
     PyObject_HEAD
@@ -1217,6 +1237,8 @@ static PyObject *SteadyStep_marks(SteadyStep *self, void *c) {
 
 static PyObject *SteadyStep_closures(SteadyStep *self, void *c) { (void)self; (void)c; return Py_NewRef(zero); }
 
+static PyObject *SteadyStep_prefetch(SteadyStep *self, void *c) { (void)self; (void)c; return PyFloat_FromDouble(0.0); }
+
 static PyObject *SteadyStep_duration(SteadyStep *self, void *c) {
     (void)c;
     return PyFloat_FromDouble(self->end - self->start);
@@ -1237,13 +1259,14 @@ static PyObject *SteadyStep_repr(SteadyStep *self) {
     return PyUnicode_FromString(text);
 }
 
-static const char *const record_fields[] = {"index", "start", "end", "phases", "samples", "marks", "closures"};
+static const char *const record_fields[] = {"index", "start", "end", "phases", "samples", "marks", "closures",
+                                             "prefetch"};
 
-/* (index, start, end, phases, samples, marks, closures) of a step, read as attributes; NULL with AttributeError
- * cleared (and NotImplemented the answer) where `obj` is not a step */
+/* (index, start, end, phases, samples, marks, closures, prefetch) of a step, read as attributes; NULL with
+ * AttributeError cleared (and NotImplemented the answer) where `obj` is not a step */
 static PyObject *record_tuple(PyObject *obj) {
-    PyObject *t = PyTuple_New(7);
-    for (int q = 0; t != NULL && q < 7; q++) {
+    PyObject *t = PyTuple_New(8);
+    for (int q = 0; t != NULL && q < 8; q++) {
         PyObject *v = PyObject_GetAttrString(obj, record_fields[q]);
         if (v == NULL) Py_CLEAR(t);
         else PyTuple_SET_ITEM(t, q, v);
@@ -1279,6 +1302,7 @@ static PyGetSetDef SteadyStep_getset[] = {
     {"samples", (getter)SteadyStep_samples, NULL, NULL, NULL},
     {"marks", (getter)SteadyStep_marks, NULL, NULL, NULL},
     {"closures", (getter)SteadyStep_closures, NULL, NULL, NULL},
+    {"prefetch", (getter)SteadyStep_prefetch, NULL, NULL, NULL},
     {"duration", (getter)SteadyStep_duration, NULL, NULL, NULL},
     {"other", (getter)SteadyStep_other, NULL, NULL, NULL},
     {NULL},
@@ -1549,7 +1573,7 @@ static struct PyModuleDef hot_module = {
 PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_on_error, "_on_error"); INTERN(s_hooks, "hooks"); INTERN(s_begin, "begin"); INTERN(s_end, "end");
     INTERN(s_finish_discovery, "finish_discovery"); INTERN(s_boundary, "_boundary");
-    INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_wrap_closure, "wrap_closure"); INTERN(s_size, "size"); INTERN(s_values, "values");
+    INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_wrap_closure, "wrap_closure"); INTERN(s_emit, "_emit"); INTERN(s_size, "size"); INTERN(s_values, "values");
     INTERN(s_key, "key"); INTERN(s_after_count, "after_count");
     INTERN(s_index, "index"); INTERN(s_start, "start"); INTERN(s_phases, "phases");
     INTERN(s_samples, "samples"); INTERN(k_data, "data"); INTERN(k_forward, "forward");

@@ -46,6 +46,7 @@ from perfmon.agent.steps import (
     GRAD,
     NOGRAD,
     OPTIMIZER_CREATED,
+    PREFETCH,
     Boundaries,
 )
 
@@ -262,7 +263,7 @@ class Instrumentation:
         def make(orig: Callable) -> Callable:
             def __next__(it: Any) -> Any:
                 if bounds.train_thread != get_ident():  # a prefetching thread: it overlaps the steps
-                    return orig(it)
+                    return self._prefetch(orig, it)
                 fast = bounds.sink
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1
@@ -298,6 +299,21 @@ class Instrumentation:
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", make)
         self._patch(dataloader.DataLoader, "__iter__", self._loader_iter)
+
+    def _prefetch(self, orig: Callable, it: Any) -> Any:
+        """A fetch on a thread that is not the training thread (a prefetching generator): not a phase of the
+        steps it overlaps, but how long it took is counted apart (the loop may be waiting for it)."""
+        t0 = perf_counter()
+        batch = orig(it)
+        try:
+            fast = self.bounds.sink
+            if fast is not None:
+                fast((PREFETCH, perf_counter(), (perf_counter() - t0,), None))
+            else:
+                self._emit(PREFETCH, (perf_counter() - t0,))
+        except Exception as exc:  # noqa: BLE001 - never into training
+            self._on_error("hooks", exc)
+        return batch
 
     def _loader_iter(self, orig: Callable) -> Callable:
         def __iter__(loader: Any) -> Any:

@@ -585,9 +585,10 @@ class Agent:
         # C-level passes (map, not generators): this runs over every step at any step rate
         with_dev = any(map(_second, records))
         with_closures = any(map(_closures, map(_first, records)))
-        head = _steps_head(with_closures, with_dev)
+        with_prefetch = any(map(_prefetch, map(_first, records)))
+        head = _steps_head(with_closures, with_dev, with_prefetch)
         tail = (',"outside":' + json.dumps(outside, separators=(",", ":")) if outside else "") + "}"
-        if HOT is not None and not with_dev and not with_closures and self.c_rows:
+        if HOT is not None and not with_dev and not with_closures and not with_prefetch and self.c_rows:
             # the common case in C: the same text and sums, without a Python loop over the rows
             cut = min(live_from, len(records)) if live_from > 0 else 0
             texts, sums = HOT.step_rows(records, off, cut)
@@ -607,10 +608,12 @@ class Agent:
             other = dur - d - f - b - o
             append((rec.index, rec.end + off, dur * 1e3, d * 1e3, f * 1e3, b * 1e3, o * 1e3,
                     other * 1e3 if other > 0.0 else 0.0, rec.samples or 0))
-        row = _ROW + (",%d" if with_closures else "") + ("%s" if with_dev else "") + "]"
+        row = _ROW + (",%d" if with_closures else "") + (",%.4f" if with_prefetch else "") + (
+            "%s" if with_dev else "") + "]"
         extras: list[tuple] = []
-        if with_dev or with_closures:
-            extras = [(rec.closures,) if with_closures else () for rec, _ in records]
+        if with_dev or with_closures or with_prefetch:
+            extras = [((rec.closures,) if with_closures else ()) + ((rec.prefetch * 1e3,) if with_prefetch else ())
+                      for rec, _ in records]
             if with_dev:
                 extras = [e + (_dev_text(dev),) for e, (_, dev) in zip(extras, records, strict=True)]
             texts = [row % (v + e) for v, e in zip(vals, extras, strict=True)]
@@ -621,7 +624,8 @@ class Agent:
         if live_from > 0:  # a fast job: the newest rows, and what came before them in one summary
             cut = min(live_from, len(vals))
             live = (head + ',"rows":[' + ",".join(texts[cut:]) + "]" + ',"bulk":'
-                    + json.dumps(_bulk(vals[:cut], [e[0] for e in extras[:cut]] if with_closures else None),
+                    + json.dumps(_bulk(vals[:cut], [e[0] for e in extras[:cut]] if with_closures else None,
+                                       [e[int(with_closures)] for e in extras[:cut]] if with_prefetch else None),
                                  separators=(",", ":")) + tail)
         self.publish_text(body, live)
 
@@ -682,9 +686,10 @@ def next_wait(events: int, seconds: float, tick: float, waited: float | None = N
 
 
 @functools.cache
-def _steps_head(with_closures: bool, with_dev: bool) -> str:
+def _steps_head(with_closures: bool, with_dev: bool, with_prefetch: bool = False) -> str:
     """A ``steps`` message up to its rows: its fields, with the optional columns the rows carry."""
     fields = list(protocol.STEP_FIELDS) + (["closures"] if with_closures else []) + (
+        ["prefetch_ms"] if with_prefetch else []) + (
         ["dev_forward_ms", "dev_backward_ms", "dev_optimizer_ms"] if with_dev else [])
     return f'{{"v":{protocol.VERSION},"type":"steps","fields":{json.dumps(fields, separators=(",", ":"))}'
 
@@ -693,7 +698,7 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 4)
 
 
-_first, _second, _closures = itemgetter(0), itemgetter(1), attrgetter("closures")
+_first, _second, _closures, _prefetch = itemgetter(0), itemgetter(1), attrgetter("closures"), attrgetter("prefetch")
 
 #: A step row without its optional columns: protocol.STEP_FIELDS, times in ms to 0.1 us.
 _ROW = "[%d,%.6f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%d"
@@ -706,7 +711,7 @@ def _dev_text(dev: dict[str, float] | None) -> str:
                                                                                         "optimizer"))
 
 
-def _bulk(vals: list[tuple], closures: list[int] | None) -> dict[str, Any]:
+def _bulk(vals: list[tuple], closures: list[int] | None, prefetch: list[float] | None = None) -> dict[str, Any]:
     """What a monitor needs of rows it is not sent: count, index range, sums and max (ms), samples."""
     cols = list(zip(*vals, strict=True))
     samples = cols[8]
@@ -719,6 +724,8 @@ def _bulk(vals: list[tuple], closures: list[int] | None) -> dict[str, Any]:
     if closures is not None:
         out["closures"] = sum(closures)
         out["closure_steps"] = len(closures)
+    if prefetch is not None:
+        out["prefetch_ms"] = round(sum(prefetch), 4)
     return out
 
 

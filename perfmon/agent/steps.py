@@ -43,6 +43,7 @@ BEGIN = 0  # arg: phase name, or ("forward", module key, kind) from the forward 
 END = 1  # arg: phase name, ("data", samples) or ("optimizer", optimizer key)
 STEP = 2  # explicit perfmon.step()
 OPTIMIZER_CREATED = 3  # an optimizer exists: a backward does not end a step (gradient accumulation)
+PREFETCH = 4  # a DataLoader fetch on another thread (a prefetching generator) ended: arg (its seconds,)
 BOUNDARY = 5  # the hooks committed a step boundary (Boundaries said so)
 END_BOUNDARY = 6  # END, then BOUNDARY: a phase ended and with it the step (one event, not two)
 #: One steady iteration of the C hooks, folded by the C event ring's drain: arg (t_fetch, t_fetched, samples,
@@ -172,7 +173,8 @@ class StepRecord:
     phases: dict[str, float]
     samples: int | None
     marks: Mapping[str, list[tuple[Any, Any]]] = field(default_factory=dict)
-    closures: int = 0  # backwards run inside the optimizer (LBFGS-style closure evaluations)
+    closures: int = 0  # closure evaluations of optimizer.step(closure) (LBFGS, Lightning)
+    prefetch: float = 0.0  # seconds other threads spent in DataLoader fetches that ended during the step
 
     @property
     def duration(self) -> float:
@@ -258,6 +260,7 @@ class StepTracker:
         self._training = False  # the current part saw training work (grad forward, backward, optimizer)
         self._segments: list[_Segment] = []  # before training work: candidates for "outside"
         self._last_t = 0.0
+        self._prefetch = 0.0  # seconds of other threads' fetches since the last step was made
 
     # -- public -----------------------------------------------------------------------------
     def feed_many(self, events: list[tuple[int, float, Any, Any]]) -> list[StepRecord]:
@@ -299,7 +302,7 @@ class StepTracker:
         return (part is not None and not self._stack and self._done is None and not self._segments
                 and not self._training and not self.explicit and self._optimizers_seen and part.marks is NO_MARKS
                 and part.start_mark is None and part.samples == 0 and part.closures == 0 and part.end == part.start
-                and not any(part.acc.values()))
+                and not any(part.acc.values()) and not self._prefetch)
 
     def _steady(self, events: list[tuple[int, float, Any, Any]], i: int, out: list[StepRecord]) -> int:
         """Steps of the two steady shapes, from ``events[i]`` on, for as long as they come; returns where the
@@ -369,6 +372,9 @@ class StepTracker:
         The agent's hot loop (several events per step at any step rate): the common cases, a phase
         beginning or ending with a step under way, are handled inline.
         """
+        if code == PREFETCH:  # another thread's fetch: the step it ended in counts it, nothing else changes
+            self._prefetch += arg[0]
+            return None
         self._last_t = t
         if code == BEGIN:
             if type(arg) is tuple:
@@ -547,4 +553,6 @@ class StepTracker:
         if part.end_mark is not None and part.start_mark is not None:
             part.mark_list("step").append((part.start_mark, part.end_mark))
             marks = part.marks
-        return StepRecord(self.count, part.start, part.end, part.acc, part.samples or None, marks, part.closures)
+        prefetch, self._prefetch = self._prefetch, 0.0
+        return StepRecord(self.count, part.start, part.end, part.acc, part.samples or None, marks, part.closures,
+                          prefetch)

@@ -139,6 +139,15 @@ def closures_per_step(store: Store) -> float | None:
     return store.closures_total / max(1, store.closure_steps)
 
 
+def prefetch_share(store: Store) -> float | None:
+    """Time other threads spent fetching batches (a prefetching generator), as a share of the step time; None
+    when no fetch ran on another thread."""
+    total = store.totals["step"].total_ms
+    if store.prefetch_ms <= 0 or total <= 0:
+        return None
+    return min(1.0, store.prefetch_ms / total)  # a fetch begun before the first step ends in it
+
+
 # -- resources --------------------------------------------------------------------------------------
 def recent_host(store: Store) -> HostSample | None:
     """The latest host sample with its CPU percentages averaged over the recent samples taken while

@@ -21,6 +21,7 @@ class Step(NamedTuple):
     other: float
     samples: int  # 0: not counted
     windowed: bool  # inside a profiler / FLOP-counter window: slowed down, left out of the statistics
+    prefetch: float = 0.0  # ms other threads spent fetching batches that ended in this step (a prefetching thread)
 
     def ms(self, phase: str) -> float:
         """A phase's time; ``step``: the whole step's."""

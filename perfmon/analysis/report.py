@@ -103,6 +103,7 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
         "outside_steps": _outside(state),
         "profiled_steps": state.windowed_steps,  # inside profiler/FLOP windows: left out of "phases" and "step_ms"
         "closures_per_step": _round(state.closures_per_step(), 3),
+        "prefetch_share": _round(state.prefetch_share(), 4),  # other threads' fetches / step time (None: none)
         "run_dir": meta.run_dir,
         "pid": meta.pid,
         "start": meta.start,
@@ -240,6 +241,9 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
         lines.append(f"  {'outside':<10} {', '.join(outside)} of wall time (not in any step)")
     if s["closures_per_step"]:
         lines.append(f"  {'closures':<10} {s['closures_per_step']:.1f} evaluations per step (optimizer.step(closure))")
+    if s.get("prefetch_share"):
+        lines.append(f"  {'prefetch':<10} another thread fetched batches for {s['prefetch_share'] * 100:.0f}% of the "
+                     "step time (a prefetching thread: the training thread's wait for it is in other)")
     if state.exit and state.exit.exception:
         lines += ["", f"  exception {state.exit.exception}"]
     if s["findings"]:

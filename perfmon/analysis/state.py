@@ -52,6 +52,9 @@ class RunState(Store):
     def closures_per_step(self) -> float | None:
         return metrics.closures_per_step(self)
 
+    def prefetch_share(self) -> float | None:
+        return metrics.prefetch_share(self)
+
     def batch_size(self) -> int | None:
         return metrics.batch_size(self)
 

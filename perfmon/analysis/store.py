@@ -63,6 +63,7 @@ class Store:
         self.outside_ms: dict[str, float] = dict.fromkeys(OUTSIDE_KINDS, 0.0)
         self.closures_total = 0  # closure evaluations (calls of optimizer.step(closure)'s closure), all steps
         self.closure_steps = 0  # steps that reported closures
+        self.prefetch_ms = 0.0  # other threads' DataLoader fetches (a prefetching generator), all steps
         #: steps a fast job's live stream summarised (``bulk``): counted and summed exactly, their percentiles
         #: estimated from the rows sent beside them; the recording has every row
         self.bulk_steps = 0
@@ -168,6 +169,8 @@ class Store:
             closures = [c for c in m.closures if c is not None]
             self.closures_total += sum(closures)
             self.closure_steps += len(closures)
+        if m.prefetch is not None:
+            self.prefetch_ms += sum(m.prefetch)
         first, last = min(starts), max(t)
         if self.first_start is None or first < self.first_start:
             self.first_start = first
@@ -182,8 +185,9 @@ class Store:
             tot.hist.add_many(column, weight, bulk)
         k = max(0, n - (self.recent.maxlen or n))
         flags = inside[k:] if inside is not None else [False] * (n - k)
+        prefetch = m.prefetch[k:] if m.prefetch is not None else [0.0] * (n - k)
         self.recent.extend(map(Step._make, zip(m.i[k:], t[k:], dur[k:], *(p[k:] for p in m.phases),
-                                               other[k:], m.samples[k:], flags, strict=True)))
+                                               other[k:], m.samples[k:], flags, prefetch, strict=True)))
 
     def _bulk(self, m: StepRows, kept: list[float]) -> int:
         """Fold a ``bulk`` summary (rows of a fast job not sent live); the count it adds to the histograms."""
@@ -197,6 +201,7 @@ class Store:
         self.samples_steps += bulk.samples_steps
         self.closures_total += bulk.closures
         self.closure_steps += bulk.closure_steps
+        self.prefetch_ms += bulk.prefetch_ms
         if bulk.last_i is not None and bulk.last_i > self.steps:
             self.steps = bulk.last_i
         if bulk.first_start is not None and (self.first_start is None or bulk.first_start < self.first_start):

@@ -24,6 +24,7 @@ class Bulk:
     samples_steps: int = 0  # rows that counted samples
     closures: int = 0
     closure_steps: int = 0  # rows that reported closures
+    prefetch_ms: float = 0.0  # other threads' DataLoader fetches (a prefetching generator)
     last_i: int | None = None
     first_start: float | None = None
 
@@ -43,6 +44,7 @@ class StepRows(Message):
     phases: tuple[list[float], ...] = ()
     samples: list[int] = field(default_factory=list)  # 0: not counted
     closures: list[int] | None = None  # per row, None where not reported; None: no such column
+    prefetch: list[float] | None = None  # ms other threads spent fetching batches, per row; None: no such column
     device_timed: bool = False  # some row has device (CUDA event) times
     cut: bool = False
     outside: dict[str, float] = field(default_factory=dict)  # ms outside steps, by ``OUTSIDE_KINDS``
@@ -54,7 +56,7 @@ class StepRows(Message):
 
 def _columns(rows: list[list[Any]], col: dict[str, int]) -> dict[str, Any]:
     """Every column of ``rows``; raises on the first value that is not a number."""
-    i_s, i_c, i_dev = col.get("samples"), col.get("closures"), col.get("dev_forward_ms")
+    i_s, i_c, i_dev, i_p = col.get("samples"), col.get("closures"), col.get("dev_forward_ms"), col.get("prefetch_ms")
     phases = []
     for p in PHASES:
         host, dev = col[f"{p}_ms"], col.get(f"dev_{p}_ms")
@@ -67,6 +69,7 @@ def _columns(rows: list[list[Any]], col: dict[str, int]) -> dict[str, Any]:
         [int(s) if isinstance(s, int | float) and s > 0 else 0 for s in (r[i_s] for r in rows)],
         "closures": None if i_c is None else
         [c if isinstance(c, int) else None for c in (r[i_c] for r in rows)],
+        "prefetch": None if i_p is None else [max(0.0, float(r[i_p])) for r in rows],
         "device_timed": i_dev is not None and any(r[i_dev] is not None for r in rows),
     }
 
@@ -124,5 +127,6 @@ def _bulk(bulk: Any) -> Bulk | None:
     last, start = bulk.get("last_i"), num(bulk.get("first_start"))
     return Bulk(n=n, sum_ms=sum_ms, samples=positive("samples"), samples_steps=positive("samples_steps"),
                 closures=positive("closures"), closure_steps=positive("closure_steps"),
+                prefetch_ms=max(0.0, float(num(bulk.get("prefetch_ms")) or 0.0)),
                 last_i=last if isinstance(last, int) else None,
                 first_start=float(start) if start is not None else None)

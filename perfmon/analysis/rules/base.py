@@ -48,6 +48,7 @@ class Config:
     clear: int = 5  # evaluations it must stop holding before it clears
     data_warn: float = 0.10
     data_critical: float = 0.20
+    prefetch_busy: float = 0.80  # a prefetching thread fetches this share of the step time: the loop waits on it
     loader_cpu_saturated: float = 0.90
     cpu_wait_warn: float = 0.20  # the trainer's threads wait this share of the CPU time they want
     cpu_wait_critical: float = 0.50
@@ -160,6 +161,11 @@ class Facts:
             rss_history=list(state.rss_samples), cuda_alloc_history=list(state.cuda_alloc_samples),
             closures_per_step=metrics.closures_per_step(state),
         )
+
+    def prefetch_busy(self) -> float:
+        """The share of the step time other threads spent fetching batches (a prefetching generator's thread)."""
+        total = sum(s.dur for s in self.steps)
+        return min(1.0, sum(s.prefetch for s in self.steps) / total) if total > 0 else 0.0
 
     def quantile(self, q: float) -> float | None:
         v = self.step_ms

@@ -11,11 +11,46 @@ def _loader(f: Facts) -> LoaderSettings | None:
     return loaders[-1] if loaders else None
 
 
-@rule("input-bound", "data share of step > 10% warn, > 20% critical (torch-tb-profiler's DataLoader rule, TraceML)")
+@rule("input-bound", "data share of step > 10% warn, > 20% critical (torch-tb-profiler's DataLoader rule, TraceML); "
+      "or batches come from a prefetching thread that spends >= 80% of the step time fetching them (the loop waits "
+      "on it, which the step shows as other): warn, critical when other > 20%")
 def input_bound(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["data"]
     if share <= cfg.data_warn:
+        return _prefetch_bound(f, cfg)
+    return Finding(
+        "input-bound", "critical" if share > cfg.data_critical else "warn",
+        f"Input-bound: {share:.0%} of each step waits for data",
+        {"data_share": round(share, 4), "data_ms_mean": round(sum(s.data for s in f.steps) / len(f.steps), 3),
+         "loader": as_sent(loader) if (loader := _loader(f)) else None},
+        "; ".join(_loader_fixes(f)) + ".", impact=share,
+    )
+
+
+def _prefetch_bound(f: Facts, cfg: Config) -> Finding | None:
+    """A prefetching thread (prefetch_generator's BackgroundGenerator, a queue fed by a thread) iterates the
+    DataLoader: its fetches are no phase of the steps, and the training thread's wait for its queue is "other".
+    When that thread fetches for nearly the whole step time, it is what the loop waits for."""
+    busy = f.prefetch_busy()
+    if busy < cfg.prefetch_busy:
         return None
+    other = f.shares["other"]
+    loader = _loader(f)
+    return Finding(
+        "input-bound", "critical" if other > cfg.data_critical else "warn",
+        f"Input-bound: a prefetching thread fetches batches {busy:.0%} of the step time, and the loop waits for it "
+        f"(other is {other:.0%} of each step)",
+        {"prefetch_busy": round(busy, 4), "other_share": round(other, 4),
+         "prefetch_ms_mean": round(sum(s.prefetch for s in f.steps) / len(f.steps), 3),
+         "loader": as_sent(loader) if loader else None},
+        "The thread that iterates the DataLoader cannot keep up, and the training thread's wait for its queue shows "
+        "as other: " + "; ".join(_loader_fixes(f)) + " (the thread keeps one batch ahead of the step, under the "
+        "same GIL: DataLoader workers are processes that load in parallel).", impact=other,
+    )
+
+
+def _loader_fixes(f: Facts) -> list[str]:
+    """What to change in the loader, from its settings."""
     loader = _loader(f)
     cpus = f.host.cpu_count or 1
     steps = []
@@ -32,13 +67,7 @@ def input_bound(f: Facts, cfg: Config) -> Finding | None:
     else:
         steps.append("load data in a DataLoader with num_workers > 0, pin_memory=True, persistent_workers=True")
     steps.append("move decoding/augmentation out of the hot path (pre-process once, cache, or do it on the GPU)")
-    return Finding(
-        "input-bound", "critical" if share > cfg.data_critical else "warn",
-        f"Input-bound: {share:.0%} of each step waits for data",
-        {"data_share": round(share, 4), "data_ms_mean": round(sum(s.data for s in f.steps) / len(f.steps), 3),
-         "loader": as_sent(loader) if loader else None},
-        "; ".join(steps) + ".", impact=share,
-    )
+    return steps
 
 
 @rule("loader-cpu-bound", "data share > 10% with DataLoader workers filling > 90% of the CPUs, or wanting them (their CPU time plus their time runnable but waiting for a CPU, Linux schedstat: a host shared with other jobs gives them only a share), or a > 90% busy host at least 40% of it the workers: CPU-bound preprocessing; or every worker busy with CPUs to spare (too few workers)")

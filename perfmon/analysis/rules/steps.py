@@ -22,6 +22,8 @@ def priority(f: Facts, cfg: Config) -> Finding | None:
     note = ""
     if top == "data" and f.shares["data"] < cfg.data_warn:
         note = " (data is overlapped by workers: speeding it up gives nothing)"
+    elif top == "other" and f.prefetch_busy() >= cfg.prefetch_busy:
+        note = " (here mostly the wait for a prefetching thread's next batch: see input-bound)"
     elif top == "other" and f.closures_per_step:  # Lightning's training_step and hooks run inside the closure
         note = (" (here that includes the work of optimizer.step(closure)'s closure outside the model's forward and "
                 "backward: the loss, logged metrics, a framework's hooks; log less often, without .item() or a "

@@ -74,6 +74,9 @@ def notes_line(state: RunState) -> str:
     closures = state.closures_per_step()
     if closures:
         parts.append(f"{closures:.1f} closure evaluations/step")
+    prefetch = state.prefetch_share()
+    if prefetch:
+        parts.append(f"a prefetching thread fetches {fmt.share(prefetch)} of the time")
     if state.windowed_steps:
         parts.append(f"{fmt.count(state.windowed_steps)} profiled steps left out")
     return " · ".join(parts)
