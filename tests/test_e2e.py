@@ -624,6 +624,7 @@ for _ in range(4):
     opt.zero_grad()
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
+dist.barrier()  # neither rank closes its connections while the other still talks (gloo aborts then)
 dist.destroy_process_group()
 if rank == 0:
     print("rank 0 done, rank 1 exited", child.wait())
