@@ -215,6 +215,8 @@ def test_input_bound_when_the_loop_waits_for_a_prefetching_thread(prefetch, seve
         assert "prefetching thread" in find(state, "priority").fix  # "other" is its wait
     calm = make_state(data=0.0, other=2.0, prefetch=5.0)  # a 10.5 ms step: the thread keeps up, fetching 48% of it
     assert find(calm, "input-bound") is None
+    # a thread busy fetching (an evaluation thread, say) that the loop does not wait for: other is 0.5 of 9 ms
+    assert find(make_state(data=0.0, other=0.5, prefetch=9.0), "input-bound") is None
 
 
 @pytest.mark.parametrize("closures, says", [(None, False), (1, True)])

@@ -12,8 +12,8 @@ def _loader(f: Facts) -> LoaderSettings | None:
 
 
 @rule("input-bound", "data share of step > 10% warn, > 20% critical (torch-tb-profiler's DataLoader rule, TraceML); "
-      "or batches come from a prefetching thread that spends >= 80% of the step time fetching them (the loop waits "
-      "on it, which the step shows as other): warn, critical when other > 20%")
+      "or batches come from a prefetching thread that spends >= 80% of the step time fetching them while other (the "
+      "loop's wait for its queue) is > 10% of the step: warn, critical when other > 20%")
 def input_bound(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["data"]
     if share <= cfg.data_warn:
@@ -31,10 +31,9 @@ def _prefetch_bound(f: Facts, cfg: Config) -> Finding | None:
     """A prefetching thread (prefetch_generator's BackgroundGenerator, a queue fed by a thread) iterates the
     DataLoader: its fetches are no phase of the steps, and the training thread's wait for its queue is "other".
     When that thread fetches for nearly the whole step time, it is what the loop waits for."""
-    busy = f.prefetch_busy()
-    if busy < cfg.prefetch_busy:
+    busy, other = f.prefetch_busy(), f.shares["other"]
+    if busy < cfg.prefetch_busy or other <= cfg.data_warn:  # busy, but not waited for (an evaluation thread, say)
         return None
-    other = f.shares["other"]
     loader = _loader(f)
     return Finding(
         "input-bound", "critical" if other > cfg.data_critical else "warn",
