@@ -50,8 +50,8 @@
 #define TAG_FORWARD 4    /* ("forward", id(ptr), kind) */
 #define TAG_OPTIMIZER 5  /* ("optimizer", id(ptr)) */
 
-static PyObject *s_on_error, *s_hooks, *s_begin, *s_end, *s_finish_discovery, *s_boundary, *s_note_optimizer, *s_wrap_closure, *s_emit,
-    *s_size, *s_values, *s_key, *s_after_count;
+static PyObject *s_on_error, *s_hooks, *s_begin, *s_end, *s_finish_discovery, *s_boundary, *s_note_optimizer,
+    *s_wrap_closure, *s_emit, *s_size, *s_values, *s_key, *s_after_count;
 static PyObject *kw_key;  /* ("key",) */
 static PyObject *phase_names[4];
 static PyObject *codes[8];
@@ -941,9 +941,9 @@ static PyObject *OptimizerHook_vectorcall(PyObject *op, PyObject *const *args, s
             report(inst);
         }
         /* step(closure): the closure's own work is timed apart (Instrumentation.wrap_closure), a rare case */
-        PyObject *a = PyVectorcall_NARGS(nargsf) > 1 ? args[1] : NULL, *kw = PyVectorcall_NARGS(nargsf) > 2 ? args[2] : NULL;
-        if ((a != NULL && PyTuple_Check(a) && PyTuple_GET_SIZE(a) > 1)
-                || (kw != NULL && PyDict_Check(kw) && PyDict_GET_SIZE(kw) > 0)) {
+        Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+        PyObject *a = nargs > 2 ? args[1] : NULL, *kw = nargs > 2 ? args[2] : NULL;
+        if (a != NULL && ((PyTuple_Check(a) && PyTuple_GET_SIZE(a) > 1) || (PyDict_Check(kw) && PyDict_GET_SIZE(kw) > 0))) {
             Py_XDECREF(key);
             PyObject *r = PyObject_CallMethodObjArgs(inst, s_wrap_closure, a, kw, NULL);
             if (r == NULL) { report(inst); Py_RETURN_NONE; }

@@ -306,11 +306,12 @@ class Instrumentation:
         t0 = perf_counter()
         batch = orig(it)
         try:
+            t1 = perf_counter()
             fast = self.bounds.sink
             if fast is not None:
-                fast((PREFETCH, perf_counter(), (perf_counter() - t0,), None))
+                fast((PREFETCH, t1, (t1 - t0,), None))
             else:
-                self._emit(PREFETCH, (perf_counter() - t0,))
+                self._emit(PREFETCH, (t1 - t0,))
         except Exception as exc:  # noqa: BLE001 - never into training
             self._on_error("hooks", exc)
         return batch
@@ -448,7 +449,7 @@ class Instrumentation:
             return closure
         mark = self._closure_mark
 
-        @functools.wraps(closure)
+        @functools.wraps(closure, updated=())  # its name and docs; never a copy of a callable object's attributes
         def timed_closure(*args: Any, **kwargs: Any) -> Any:
             mark(BEGIN)
             try:
