@@ -319,4 +319,4 @@ def test_fetches_and_saves_on_other_threads_overlap_the_steps_instead_of_joining
     assert phases.count("backward") == 20
     # how long the prefetching thread fetched is counted apart: one event a batch (StopIteration ends none)
     fetched = [a for c, a in rec.events if c == PREFETCH]
-    assert len(fetched) == 20 and all(isinstance(a, tuple) and a[0] > 0 for a in fetched), fetched[:3]
+    assert len(fetched) == 20 and all(isinstance(a, tuple) and a[0] > 0 and a[1] == 8 for a in fetched), fetched[:3]

@@ -185,13 +185,14 @@ def test_other_threads_fetches_count_in_the_step_they_end_in_and_change_nothing_
     s = optimizer_loop(Seq(), 4)
     # a fetch of 6 ms ending inside step 2's forward, two ending inside step 4's own fetch
     at = [k for k, ev in enumerate(s.events) if ev[0] == BEGIN and ev[2] == "forward"]
-    s.events.insert(at[1] + 1, (PREFETCH, s.events[at[1]][1] + 0.0005, (0.006,), None))
+    s.events.insert(at[1] + 1, (PREFETCH, s.events[at[1]][1] + 0.0005, (0.006, 16), None))
     t4 = s.events[at[3] - 2][1]  # step 4's data begins
-    s.events[at[3] - 1 : at[3] - 1] = [(PREFETCH, t4 + 0.0001, (0.002,), None), (PREFETCH, t4 + 0.0002, (0.003,), None)]
+    s.events[at[3] - 1 : at[3] - 1] = [(PREFETCH, t4 + 0.0001, (0.002, 16), None), (PREFETCH, t4 + 0.0002, (0.003, None), None)]
     steps, reference = s.run(), plain.run()
     assert [st.prefetch for st in steps] == [0.0, pytest.approx(0.006), 0.0, pytest.approx(0.005)]
-    assert [(st.index, st.start, st.end, st.phases, st.samples) for st in steps] == [
-        (st.index, st.start, st.end, st.phases, st.samples) for st in reference]
+    assert [st.samples for st in steps] == [32, 48, 32, 48]  # the thread's batches are the steps' samples too
+    assert [(st.index, st.start, st.end, st.phases) for st in steps] == [
+        (st.index, st.start, st.end, st.phases) for st in reference]
 
 
 def test_grad_scaler_step_wrapping_optimizer_step_is_one_phase():

@@ -28,7 +28,7 @@
 /* event codes: perfmon.agent.steps */
 #define BEGIN 0
 #define END 1
-#define PREFETCH 4  /* a fetch on another thread ended: arg (its seconds,) */
+#define PREFETCH 4  /* a fetch on another thread ended: arg (its seconds, its samples or None) */
 #define END_BOUNDARY 6
 #define STEADY 7  /* one steady iteration's events, folded by Ring.drain */
 
@@ -735,9 +735,15 @@ static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t na
         double t0 = now();
         PyObject *result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
         if (result != NULL) {
-            PyObject *arg = Py_BuildValue("(d)", now() - t0);
-            int r = arg == NULL ? -1 : fast_on(st) ? emit_obj(st, PREFETCH, arg)
-                : (call_slow_emit(inst, PREFETCH, arg));
+            double seconds = now() - t0;
+            PyObject *n = batch_size(result, self->tensor_type);
+            if (n == NULL && PyErr_Occurred()) {  /* a KeyboardInterrupt while sizing: it goes up, as in Python */
+                Py_DECREF(result);
+                return NULL;
+            }
+            PyObject *arg = Py_BuildValue("(dO)", seconds, n != NULL ? n : Py_None);
+            Py_XDECREF(n);
+            int r = arg == NULL ? -1 : fast_on(st) ? emit_obj(st, PREFETCH, arg) : call_slow_emit(inst, PREFETCH, arg);
             Py_XDECREF(arg);
             if (r < 0) report(inst);
         }

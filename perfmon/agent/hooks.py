@@ -307,11 +307,15 @@ class Instrumentation:
         batch = orig(it)
         try:
             t1 = perf_counter()
+            try:
+                n = batch_size(batch)
+            except Exception:  # noqa: BLE001 - an odd batch type must not break training
+                n = None
             fast = self.bounds.sink
             if fast is not None:
-                fast((PREFETCH, t1, (t1 - t0,), None))
+                fast((PREFETCH, t1, (t1 - t0, n), None))
             else:
-                self._emit(PREFETCH, (t1 - t0,))
+                self._emit(PREFETCH, (t1 - t0, n))
         except Exception as exc:  # noqa: BLE001 - never into training
             self._on_error("hooks", exc)
         return batch

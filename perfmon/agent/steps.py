@@ -43,7 +43,7 @@ BEGIN = 0  # arg: phase name, or ("forward", module key, kind) from the forward 
 END = 1  # arg: phase name, ("data", samples) or ("optimizer", optimizer key)
 STEP = 2  # explicit perfmon.step()
 OPTIMIZER_CREATED = 3  # an optimizer exists: a backward does not end a step (gradient accumulation)
-PREFETCH = 4  # a DataLoader fetch on another thread (a prefetching generator) ended: arg (its seconds,)
+PREFETCH = 4  # a DataLoader fetch on another thread (a prefetching generator) ended: arg (its seconds, samples)
 BOUNDARY = 5  # the hooks committed a step boundary (Boundaries said so)
 END_BOUNDARY = 6  # END, then BOUNDARY: a phase ended and with it the step (one event, not two)
 #: One steady iteration of the C hooks, folded by the C event ring's drain: arg (t_fetch, t_fetched, samples,
@@ -261,6 +261,7 @@ class StepTracker:
         self._segments: list[_Segment] = []  # before training work: candidates for "outside"
         self._last_t = 0.0
         self._prefetch = 0.0  # seconds of other threads' fetches since the last step was made
+        self._prefetch_samples = 0  # and the samples they fetched
 
     # -- public -----------------------------------------------------------------------------
     def feed_many(self, events: list[tuple[int, float, Any, Any]]) -> list[StepRecord]:
@@ -374,6 +375,7 @@ class StepTracker:
         """
         if code == PREFETCH:  # another thread's fetch: the step it ended in counts it, nothing else changes
             self._prefetch += arg[0]
+            self._prefetch_samples += arg[1] or 0
             return None
         self._last_t = t
         if code == BEGIN:
@@ -554,5 +556,7 @@ class StepTracker:
             part.mark_list("step").append((part.start_mark, part.end_mark))
             marks = part.marks
         prefetch, self._prefetch = self._prefetch, 0.0
-        return StepRecord(self.count, part.start, part.end, part.acc, part.samples or None, marks, part.closures,
+        samples = part.samples + self._prefetch_samples  # a prefetching thread's batches are the step's samples
+        self._prefetch_samples = 0
+        return StepRecord(self.count, part.start, part.end, part.acc, samples or None, marks, part.closures,
                           prefetch)
