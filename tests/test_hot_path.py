@@ -575,6 +575,28 @@ def test_the_tracker_makes_the_same_steps_of_folded_and_expanded_events(shape, t
 
 
 @pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
+def test_a_step_without_a_closure_is_left_as_it_came(accelerated, monkeypatch):
+    """accelerate's and Lightning's wrappers call ``step(None)`` / ``step(closure=None)`` every step: no wrapper
+    is made, nothing is called beyond the hooks' common case."""
+    inst = Instrumentation(lambda code, arg=None: None, lambda where, exc: pytest.fail(f"{where}: {exc}"),
+                           accelerated=accelerated)
+    asked: list[Any] = []
+    monkeypatch.setattr(inst, "wrap_closure", lambda *a: asked.append(a))
+    inst.install()
+    try:
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for call in (lambda: opt.step(None), lambda: opt.step(closure=None), lambda: opt.step()):
+            model(torch.randn(2, 4)).sum().backward()
+            assert call() is None
+        assert asked == []
+        opt.step(lambda: None)
+        assert len(asked) == 1  # a closure is handed over
+    finally:
+        inst.uninstall()
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
 def test_checkpointed_blocks_recomputed_in_the_backward_are_backward_time(accelerated, tmp_path):
     """Activation checkpointing runs the blocks' forwards again inside the backward (on the calling thread on a
     CPU): that is the backward's cost, and a block is not a root of its own."""

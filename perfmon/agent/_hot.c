@@ -51,7 +51,7 @@
 #define TAG_OPTIMIZER 5  /* ("optimizer", id(ptr)) */
 
 static PyObject *s_on_error, *s_hooks, *s_begin, *s_end, *s_finish_discovery, *s_boundary, *s_note_optimizer,
-    *s_wrap_closure, *s_emit, *s_size, *s_values, *s_key, *s_after_count;
+    *s_wrap_closure, *s_emit, *s_closure, *s_size, *s_values, *s_key, *s_after_count;
 static PyObject *kw_key;  /* ("key",) */
 static PyObject *phase_names[4];
 static PyObject *codes[8];
@@ -949,7 +949,14 @@ static PyObject *OptimizerHook_vectorcall(PyObject *op, PyObject *const *args, s
         /* step(closure): the closure's own work is timed apart (Instrumentation.wrap_closure), a rare case */
         Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
         PyObject *a = nargs > 2 ? args[1] : NULL, *kw = nargs > 2 ? args[2] : NULL;
-        if (a != NULL && ((PyTuple_Check(a) && PyTuple_GET_SIZE(a) > 1) || (PyDict_Check(kw) && PyDict_GET_SIZE(kw) > 0))) {
+        PyObject *closure = NULL;  /* borrowed */
+        if (a != NULL && PyTuple_Check(a) && PyTuple_GET_SIZE(a) > 1 && PyTuple_GET_ITEM(a, 1) != Py_None) {
+            closure = PyTuple_GET_ITEM(a, 1);
+        } else if (kw != NULL && PyDict_Check(kw) && PyDict_GET_SIZE(kw) > 0) {
+            closure = PyDict_GetItemWithError(kw, s_closure);
+            if (closure == NULL && PyErr_Occurred()) PyErr_Clear();
+        }
+        if (closure != NULL && closure != Py_None) {  /* step(closure); step(None) and step(**others) go as they came */
             Py_XDECREF(key);
             PyObject *r = PyObject_CallMethodObjArgs(inst, s_wrap_closure, a, kw, NULL);
             if (r == NULL) { report(inst); Py_RETURN_NONE; }
@@ -1579,7 +1586,8 @@ static struct PyModuleDef hot_module = {
 PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_on_error, "_on_error"); INTERN(s_hooks, "hooks"); INTERN(s_begin, "begin"); INTERN(s_end, "end");
     INTERN(s_finish_discovery, "finish_discovery"); INTERN(s_boundary, "_boundary");
-    INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_wrap_closure, "wrap_closure"); INTERN(s_emit, "_emit"); INTERN(s_size, "size"); INTERN(s_values, "values");
+    INTERN(s_note_optimizer, "_note_optimizer");
+    INTERN(s_wrap_closure, "wrap_closure"); INTERN(s_closure, "closure"); INTERN(s_emit, "_emit"); INTERN(s_size, "size"); INTERN(s_values, "values");
     INTERN(s_key, "key"); INTERN(s_after_count, "after_count");
     INTERN(s_index, "index"); INTERN(s_start, "start"); INTERN(s_phases, "phases");
     INTERN(s_samples, "samples"); INTERN(k_data, "data"); INTERN(k_forward, "forward");

@@ -389,8 +389,8 @@ class Instrumentation:
                     self._on_error("hooks", exc)
             else:
                 self.begin("optimizer", key=key)
-            if len(args) > 1 or kwargs:  # step(closure): time the closure's own work apart
-                return self.wrap_closure(args, kwargs)
+            if (len(args) > 1 and args[1] is not None) or kwargs.get("closure") is not None:
+                return self.wrap_closure(args, kwargs)  # step(closure): time the closure's own work apart
             return None
 
         def post_hook(opt: Any, args: Any, kwargs: Any) -> None:
