@@ -609,6 +609,27 @@ def test_torch_multiprocessing_spawn_is_said_and_its_workers_record_on_their_own
     assert all(report(d, env)["steps"] == 4 for d in workers)
 
 
+LAST_SECOND_WARNING_SCRIPT = """
+import torch
+import torch.multiprocessing as mp
+try:  # perfmon warns as the processes start; the start fails at once here, and the script ends
+    mp.start_processes(print, nprocs=1, start_method="no-such-method")
+except ValueError as exc:
+    print("could not start:", type(exc).__name__)
+"""
+
+
+def test_a_warning_in_the_jobs_last_second_is_still_printed(env, tmp_path):
+    """headless prints the job's warnings once a second; one that comes after the last of those is printed before
+    the summary, not lost."""
+    plain, res, run = plain_and_headless(LAST_SECOND_WARNING_SCRIPT, "last_second.py", env, tmp_path)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == "could not start: ValueError\n"
+    said = re.findall(r"^\[perfmon\] warning: torch.multiprocessing started 1 process", res.stderr, re.M)
+    assert len(said) == 1, res.stderr
+    assert res.stderr.index("[perfmon] warning") < res.stderr.index("perfmon summary")
+
+
 RANKS_BY_SUBPROCESS_SCRIPT = """
 import os, subprocess, sys, tempfile
 import torch
@@ -627,7 +648,8 @@ for _ in range(4):
 dist.barrier()  # neither rank closes its connections while the other still talks (gloo aborts then)
 dist.destroy_process_group()
 if rank == 0:
-    print("rank 0 done, rank 1 exited", child.wait())
+    child.wait()  # not its status: gloo's teardown aborts the second rank now and then on a loaded host, with or
+    print("rank 0 done")  # without perfmon (1 run in ~50 here), which is not what this test is about
 """
 
 
@@ -636,7 +658,7 @@ def test_ranks_the_job_starts_itself_are_said_with_what_follows_them(env, tmp_pa
     once that the others run without it, and how to follow them all; the job runs as under plain python."""
     plain, res, run = plain_and_headless(RANKS_BY_SUBPROCESS_SCRIPT, "lightning_ddp.py", env, tmp_path)
     assert res.returncode == plain.returncode == 0, res.stderr
-    assert res.stdout == plain.stdout == "rank 0 done, rank 1 exited 0\n"
+    assert res.stdout == plain.stdout == "rank 0 done\n"
     said = re.findall(r"^\[perfmon\] warning: torch.distributed: this process is rank 0 of 2.*$", res.stderr, re.M)
     assert len(said) == 1 and "perfmon torchrun --nproc_per_node 2 SCRIPT" in said[0], res.stderr
     assert report(run, env)["steps"] == 4

@@ -120,6 +120,8 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             follower.join(timeout=600.0)
         tail.pump()
         with lock:
+            for text in state.warnings[warned:]:  # the job's last second: said here, or never
+                print(f"[perfmon] warning: {text}", file=err, flush=True)
             summary = finalize_recording(proc.run_dir, state, returncode, rules)
             print(format_summary(state, summary), file=err, flush=True)
         if exports is not None:
