@@ -184,3 +184,46 @@ def test_a_run_dir_that_holds_a_job_is_not_reused(ddp_job, env):  # noqa: F811
     run, _, _ = ddp_job
     res = perfmon(["--headless", "--run-dir", str(run), "torchrun", *torchrun("--steps", "3")], env)
     assert res.returncode == 2 and "already holds a recording" in res.stderr
+
+
+WARNING_SCRIPT = """
+import torch.multiprocessing as mp
+try:  # each rank warns as the processes start; the start fails at once, and the rank ends
+    mp.start_processes(print, nprocs=1, start_method="no-such-method")
+except ValueError as exc:
+    print("could not start:", type(exc).__name__)
+"""
+
+
+def test_the_ranks_warnings_are_printed_once_with_the_ranks_that_said_them(tmp_path, env):  # noqa: F811
+    """``perfmon --headless torchrun``: what the ranks' agents warn about reaches the terminal (it was only in the
+    recordings), one line for the ranks that said the same thing, even from the job's last second."""
+    script = tmp_path / "warns.py"
+    script.write_text(WARNING_SCRIPT)
+    res = under_perfmon(tmp_path / "run", ["--standalone", "--nproc-per-node", "2", str(script)], env)
+    assert res.returncode == 0, res.stderr
+    said = [line for line in res.stderr.splitlines() if line.startswith("[perfmon] warning")]
+    assert len(said) == 1, res.stderr
+    assert said[0].startswith("[perfmon] warning (ranks 0, 1): torch.multiprocessing started 1 process"), said
+
+
+def test_new_warnings_groups_ranks_and_follows_a_restart():
+    from perfmon import protocol
+    from perfmon.analysis.job import JobState, new_warnings
+
+    job, said = JobState(), {}
+    for rank, text in ((0, "disk full"), (0, "slow"), (1, "disk full")):
+        job.rank(rank).apply(protocol.message("event", kind="warning", message=text, t=0.5))
+    assert new_warnings(job, said) == ["warning (ranks 0, 1): disk full", "warning (rank 0): slow"]
+    assert new_warnings(job, said) == []  # nothing new
+    job.ranks[1] = type(job.rank(0))()  # rank 1 restarted: its state begins again
+    job.rank(1).apply(protocol.message("event", kind="warning", message="again", t=1.0))
+    assert new_warnings(job, said) == ["warning (rank 1): again"]
+    for k in range(60):  # more than the 50 a state keeps: every new one is still said
+        job.rank(0).apply(protocol.message("event", kind="warning", message=f"w{k}", t=2.0))
+    assert new_warnings(job, said) == [f"warning (rank 0): w{k}" for k in range(10, 60)]
+    job.rank(0).apply(protocol.message("event", kind="warning", message="w60", t=3.0))
+    assert new_warnings(job, said) == ["warning (rank 0): w60"]
+    job.rank(0).reset()  # a replay that starts over: what it says again is said again
+    job.rank(0).apply(protocol.message("event", kind="warning", message="w0", t=0.1))
+    assert new_warnings(job, said) == ["warning (rank 0): w0"]

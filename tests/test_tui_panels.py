@@ -469,6 +469,23 @@ async def test_p_sends_profile_and_results_are_toasts(tmp_path: Path) -> None:
         await wait_until(pilot, lambda: toasts(app) == [])  # and gone again after a short while
 
 
+async def test_the_agents_warnings_are_toasted_and_stay_in_the_output_panel(tmp_path: Path) -> None:
+    """What the agent warns about (a buffer that overflowed, ranks it does not follow, a recording it cannot write)
+    reaches the dashboard: a toast, and a line of the output panel that stays; each once."""
+    app, source = live_app(tmp_path)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await live_loaded(pilot)
+        text = "torch.distributed: this process is rank 0 of 2, and perfmon follows this process only"
+        source.push(protocol.message("event", kind="warning", message=text, t=CLOCK))
+        await wait_until(pilot, lambda: (text, "warning") in toasts(app))
+        lines = app.query_one(LogPanel).log_widget.lines
+        assert [line for line in lines if "[perfmon]" in line] == [f"[perfmon] warning: {text}"]
+        source.push(protocol.message("event", kind="warning", message="second", t=CLOCK))
+        await wait_until(pilot, lambda: ("second", "warning") in toasts(app))
+        assert [line for line in lines if "[perfmon]" in line] == [f"[perfmon] warning: {text}",
+                                                                    "[perfmon] warning: second"]
+
+
 async def test_e_exports_a_replayed_window_but_no_command_reaches_a_job(tmp_path: Path) -> None:
     """A replay has no job to command (p, c, f, m do nothing), but e is the monitor's own: it writes the window."""
     app = make_app(tmp_path)

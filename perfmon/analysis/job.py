@@ -218,3 +218,18 @@ def is_job_dir(run_dir: Path) -> bool:
     """A multi-rank job's run dir (``rank-K/`` inside, no recording of its own)."""
     run_dir = Path(run_dir)
     return not (run_dir / "events.jsonl").exists() and bool(paths.rank_dirs(run_dir))
+
+
+def new_warnings(job: JobState, said: dict[int, tuple[RunState, int]]) -> list[str]:
+    """The warnings the ranks recorded since the last call (``said``: each rank's state and how many of its
+    warnings were taken), one per text with the ranks that said it (``warning (ranks 0, 1): ...``): eight ranks
+    warning alike make one."""
+    by_text: dict[str, list[int]] = {}
+    for rank, state in sorted(job.ranks.items()):
+        before = said.get(rank)
+        seen = before[1] if before is not None and before[0] is state else 0  # a restarted rank: a new state
+        for text in state.warnings_since(seen):
+            by_text.setdefault(text, []).append(rank)
+        said[rank] = (state, state.warnings_seen)
+    return [f"warning (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}): {text}"
+            for text, ranks in by_text.items()]

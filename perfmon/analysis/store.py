@@ -75,7 +75,8 @@ class Store:
         self.exit: ExitInfo | None = None
         self.last_seq = 0
         self.skipped = 0  # messages that could not be read (or were cut short)
-        self.warnings: list[str] = []
+        self.warnings: list[str] = []  # the newest 50
+        self.warnings_seen = 0  # all there were: what a printer of new warnings counts from
         self.agent_errors: dict[str, float] = {}
         self.host: HostSample | None = None
         self.gpus: list[GpuSample] = []
@@ -280,7 +281,14 @@ class Store:
             self.command_results.append(m)
         elif isinstance(m, AgentWarning):
             self.warnings.append(m.message)
+            self.warnings_seen += 1
             del self.warnings[:-50]
+
+    def warnings_since(self, seen: int) -> list[str]:
+        """The warnings that came after the first ``seen`` (``warnings_seen`` then), as many as are kept; all of
+        them after a reset (a replay that started over: fewer were seen than ``seen``)."""
+        n = self.warnings_seen - seen if seen <= self.warnings_seen else self.warnings_seen
+        return self.warnings[-n:] if n > 0 else []
 
     def process_exited(self, returncode: int, t: float | None = None) -> None:
         """The launcher saw the process end: fill in what the agent could not say (signals)."""

@@ -91,8 +91,8 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             if time.monotonic() >= next_rules:
                 with lock:
                     new = engine.update(state)
-                    warnings = state.warnings[warned:]
-                    warned = len(state.warnings)
+                    warnings = state.warnings_since(warned)
+                    warned = state.warnings_seen
                     # --wandb: the job could not log (no active run): said once
                     failed = [r.message for r in state.command_results
                               if r.name == "log_metrics" and r.ok is False and r.message]
@@ -120,7 +120,7 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             follower.join(timeout=600.0)
         tail.pump()
         with lock:
-            for text in state.warnings[warned:]:  # the job's last second: said here, or never
+            for text in state.warnings_since(warned):  # the job's last second: said here, or never
                 print(f"[perfmon] warning: {text}", file=err, flush=True)
             summary = finalize_recording(proc.run_dir, state, returncode, rules)
             print(format_summary(state, summary), file=err, flush=True)

@@ -1,4 +1,4 @@
-"""The agent's answers to the command keys, shown as toasts."""
+"""The agent's answers to the command keys, shown as toasts, and its warnings."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Any
 
 from textual.app import App
 
+from perfmon.analysis.job import JobState, new_warnings
+from perfmon.analysis.state import RunState
 from perfmon.messages import CommandResult
 
 
@@ -53,3 +55,32 @@ def toast(app: App[Any], result: CommandResult) -> None:
         return
     timeout = 2.5 if name == "profile" and ok else 5.0 if result.done is False else 8.0
     app.notify(text, title=name, severity="information" if ok else "error", timeout=timeout)
+
+
+class WarningFeed:
+    """Picks the agent's warnings not yet shown: of the one run, or of every rank of a job (grouped by text)."""
+
+    def __init__(self) -> None:
+        self._run: tuple[RunState | None, int] = (None, 0)  # the state last read, and how many of its warnings
+        self._ranks: dict[int, tuple[RunState, int]] = {}
+
+    def new(self, state: RunState, job: JobState | None) -> list[str]:
+        """Warnings that came in since the last call, as ``warning: ...`` lines (call with the state lock held)."""
+        if job is not None:
+            return new_warnings(job, self._ranks)
+        seen = self._run[1] if self._run[0] is state else 0
+        self._run = (state, state.warnings_seen)
+        return [f"warning: {text}" for text in state.warnings_since(seen)]
+
+
+#: A recording replayed or attached late may hold many warnings: the newest few are toasted, all are in the log.
+WARNING_TOASTS = 3
+
+
+def say_warnings(app: App[Any], lines: list[str], log: Any) -> None:
+    """The agent's new warnings: each a line of the output panel (where they stay), the newest few a toast."""
+    if not lines:
+        return
+    log.add_lines([f"[perfmon] {line}" for line in lines])
+    for line in lines[-WARNING_TOASTS:]:
+        app.notify(line.split(": ", 1)[1], title="perfmon " + line.split(": ", 1)[0], severity="warning", timeout=15)

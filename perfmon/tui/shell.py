@@ -35,7 +35,7 @@ from perfmon.messages.commands import Command
 from perfmon.monitor.sources import Source
 from perfmon.tui import workers
 from perfmon.tui.mode import Mode
-from perfmon.tui.results import ResultFeed, toast
+from perfmon.tui.results import ResultFeed, WarningFeed, say_warnings, toast
 from perfmon.tui.widgets.device import DeviceInfo, DevicePanel
 from perfmon.tui.widgets.dialogs import QuitScreen
 from perfmon.tui.widgets.findings import FindingsInfo, FindingsPanel, FindingsSummary
@@ -115,6 +115,7 @@ class DashboardShell(App[None]):
         self.view = "overview"
         self.commands_sent: list[Command] = []  # what the command keys sent (diagnostics and tests)
         self._results = ResultFeed()
+        self._warnings = WarningFeed()  # the agent's warnings: every rank's in a job, whichever is on show
 
     # -- outcome ----------------------------------------------------------------------------
     @property
@@ -212,6 +213,7 @@ class DashboardShell(App[None]):
             ranks = RanksInfo.from_job(self.job, self.selected, self.engine.cfg) if shows["ranks"] and self.job else None
             capturing = self.state.profiling is not None
             results = self._results.new(self.state.command_results)
+            warnings = self._warnings.new(self.state, self.job)
             exit_ = self.state.exit
             exception = exit_.exception if exit_ else None
             where = last_frame(exit_.traceback) if exit_ else None
@@ -232,6 +234,7 @@ class DashboardShell(App[None]):
         log.exception, log.where = exception, where
         for result in results:
             toast(self, result)
+        say_warnings(self, warnings, log)
         self.refreshes += 1
         self._last_refresh = time.monotonic()
         if self.live != self._was_live:
