@@ -480,10 +480,13 @@ async def test_the_agents_warnings_are_toasted_and_stay_in_the_output_panel(tmp_
         await wait_until(pilot, lambda: (text, "warning") in toasts(app))
         lines = app.query_one(LogPanel).log_widget.lines
         assert [line for line in lines if "[perfmon]" in line] == [f"[perfmon] warning: {text}"]
-        source.push(protocol.message("event", kind="warning", message="second", t=CLOCK))
-        await wait_until(pilot, lambda: ("second", "warning") in toasts(app))
+        second = "cannot write the recording: [Errno 28] No space left on device; use `perfmon torchrun SCRIPT [ARGS]`"
+        source.push(protocol.message("event", kind="warning", message=second, t=CLOCK))
+        await wait_until(pilot, lambda: (second, "warning") in toasts(app))
+        await wait_until(pilot, lambda: "[Errno 28] No space left" in screen_text(app))  # text, not markup
+        assert "SCRIPT [ARGS]" in screen_text(app)
         assert [line for line in lines if "[perfmon]" in line] == [f"[perfmon] warning: {text}",
-                                                                    "[perfmon] warning: second"]
+                                                                    f"[perfmon] warning: {second}"]
 
 
 async def test_e_exports_a_replayed_window_but_no_command_reaches_a_job(tmp_path: Path) -> None:

@@ -54,7 +54,8 @@ def toast(app: App[Any], result: CommandResult) -> None:
     if name == "profile" and ok and result.done is False:
         return
     timeout = 2.5 if name == "profile" and ok else 5.0 if result.done is False else 8.0
-    app.notify(text, title=name, severity="information" if ok else "error", timeout=timeout)
+    # the agent's words are text, not markup: "[Errno 28] No space left" must read as it came
+    app.notify(text, title=name, severity="information" if ok else "error", timeout=timeout, markup=False)
 
 
 class WarningFeed:
@@ -83,4 +84,5 @@ def say_warnings(app: App[Any], lines: list[str], log: Any) -> None:
         return
     log.add_lines([f"[perfmon] {line}" for line in lines])
     for line in lines[-WARNING_TOASTS:]:
-        app.notify(line.split(": ", 1)[1], title="perfmon " + line.split(": ", 1)[0], severity="warning", timeout=15)
+        kind, text = line.split(": ", 1)
+        app.notify(text, title=f"perfmon {kind}", severity="warning", timeout=15, markup=False)
