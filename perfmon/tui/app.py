@@ -235,9 +235,9 @@ class PerfmonApp(DashboardShell):
         try:
             out = export_text(prof, Path(run_dir))
         except OSError as exc:
-            self.notify(f"export failed: {exc}", title="export", severity="error")
+            self.notify(f"export failed: {exc}", title="export", severity="error", markup=False)
             return
-        self.notify(f"exported {out}", title="export")
+        self.notify(f"exported {out}", title="export", markup=False)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Keys of the dashboard do nothing under a dialog; s only sorts in the ops view."""

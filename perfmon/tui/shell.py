@@ -174,7 +174,7 @@ class DashboardShell(App[None]):
         self.query_one("#findings", FindingsPanel).border_subtitle = "↑↓ move · Enter opens"
         self.query_one(LogPanel).log_widget.focus()
         if self.notice:
-            self.notify(self.notice.removeprefix("perfmon: "), title="perfmon", timeout=15)
+            self.notify(self.notice.removeprefix("perfmon: "), title="perfmon", timeout=15, markup=False)
         self.refresh_data()
         self.set_interval(TICK_S, self._tick)
         self.set_interval(workers.COALESCE_S, self._flush)
