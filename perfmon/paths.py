@@ -152,6 +152,8 @@ def default_run_dir(target: str, root: Path | None = None, now: float | None = N
 
 #: Set by ``perfmon torchrun``: the job's workers record in ``RUN/rank-K/`` even when there is one of them.
 RANKS_ENV = "PERFMON_RANKS"
+#: Set by the launcher for the process it starts: its own pid.
+LAUNCHER_ENV = "PERFMON_LAUNCHER_PID"
 SAMPLE_INTERVAL_ENV = "PERFMON_SAMPLE_INTERVAL"
 
 
@@ -238,3 +240,10 @@ def rank_dirs(run_dir: Path) -> list[tuple[int, Path]]:
         if rank not in latest or attempt > latest[rank][0]:
             latest[rank] = (attempt, entry)
     return [(rank, latest[rank][1]) for rank in sorted(latest)]
+
+
+def launched_alone(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
+    """This process is the one ``perfmon SCRIPT`` started: not a rank of ``perfmon torchrun``, nor a process the
+    job started (which inherits its environment), nor a script that called ``perfmon.instrument()``."""
+    env = os.environ if env is None else env
+    return env.get(LAUNCHER_ENV) == str(os.getppid()) and env.get(RANKS_ENV) != "1"

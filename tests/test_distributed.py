@@ -207,11 +207,14 @@ def test_the_ranks_warnings_are_printed_once_with_the_ranks_that_said_them(tmp_p
     assert said[0].startswith("[perfmon] warning (ranks 0, 1): torch.multiprocessing started 1 process"), said
 
 
-def test_new_warnings_groups_ranks_and_follows_a_restart():
+def test_the_warning_feed_groups_ranks_and_follows_a_restart():
     from perfmon import protocol
-    from perfmon.analysis.job import JobState, new_warnings
+    from perfmon.analysis.job import JobState, WarningFeed, warning_line
 
-    job, said = JobState(), {}
+    def new_warnings(job: JobState, feed: WarningFeed) -> list[str]:
+        return [warning_line(who, text).removeprefix("[perfmon] ") for who, text in feed.new(job=job)]
+
+    job, said = JobState(), WarningFeed()
     for rank, text in ((0, "disk full"), (0, "slow"), (1, "disk full")):
         job.rank(rank).apply(protocol.message("event", kind="warning", message=text, t=0.5))
     assert new_warnings(job, said) == ["warning (ranks 0, 1): disk full", "warning (rank 0): slow"]

@@ -150,7 +150,9 @@ def test_lbfgs_closure_phases_are_charged_to_the_innermost_phase():
     s = Seq().mark(OPTIMIZER_CREATED)
     for _ in range(2):
         s.phase("data", 1, 16)
-        s.phase("optimizer", 2, inner=[("forward", 1), ("backward", 1), ("forward", 1), ("backward", 1)])
+        # as the hooks emit it: each closure call wrapped (the closure's own work here takes no time)
+        s.phase("optimizer", 2, inner=[("closure", 0, [("forward", 1), ("backward", 1)]),
+                                       ("closure", 0, [("forward", 1), ("backward", 1)])])
     steps = s.run()
     assert len(steps) == 2
     assert steps[0].phases["forward"] == pytest.approx(0.002)  # two closure evaluations, 1 ms each

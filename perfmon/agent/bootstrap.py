@@ -44,15 +44,14 @@ def _run_dir(target: str) -> Path:
     ``rank-K/`` of the job's dir, which all its ranks name alike."""
     where = paths.placement()
     given = os.environ.get("PERFMON_RUN_DIR")
-    launcher = os.environ.get("PERFMON_LAUNCHER_PID")
-    if given and launcher and launcher != str(os.getppid()) and os.environ.get(paths.RANKS_ENV) != "1":
+    alone = paths.launched_alone()
+    if given and not alone and os.environ.get(paths.LAUNCHER_ENV) and os.environ.get(paths.RANKS_ENV) != "1":
         # a process the job started (perfmon.instrument() in a torch.multiprocessing.spawn worker) inherits the
         # job's environment, not its run dir: a recording of its own, never lines in the job's
         given = None
     # `perfmon train.py` launched one process: its recording goes where the launcher reads it, whatever
     # RANK/WORLD_SIZE the environment happens to hold (a shell inside a Slurm step)
-    single = bool(given) and bool(os.environ.get("PERFMON_LAUNCHER_PID")) and os.environ.get(paths.RANKS_ENV) != "1"
-    if single or not paths.is_ranked(where):
+    if (given and alone) or not paths.is_ranked(where):
         return Path(given) if given else paths.default_run_dir(target, claim=True)
     job = Path(given) if given else paths.job_run_dir(target, str(where["job_id"]), started=_launcher_start())
     rank_dir = paths.rank_dir(job, int(where["rank"] or 0))
@@ -79,7 +78,7 @@ def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | N
         run_dir = _run_dir(target)
         interval = paths.sample_interval(os.environ)
         # the launcher that started this process samples the host and GPUs from outside it and sends the readings
-        fed = os.environ.get("PERFMON_SAMPLER") == "launcher" and os.environ.get("PERFMON_LAUNCHER_PID") == str(
+        fed = os.environ.get("PERFMON_SAMPLER") == "launcher" and os.environ.get(paths.LAUNCHER_ENV) == str(
             os.getppid())
         agent = Agent(run_dir, _meta(target, argv, module, run_dir), sample_interval=interval if interval > 0 else None,
                       fed=fed)

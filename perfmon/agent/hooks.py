@@ -24,7 +24,6 @@ import contextlib
 import functools
 import gc
 import importlib
-import os
 import weakref
 from collections.abc import Callable, Iterator
 from threading import get_ident
@@ -78,12 +77,6 @@ def loader_settings(loader: Any) -> dict[str, Any]:
         "prefetch_factor": getattr(loader, "prefetch_factor", None), "batch_size": loader.batch_size,
         "dataset": type(loader.dataset).__name__,
     }
-
-
-def launched_alone() -> bool:
-    """This process is the one ``perfmon SCRIPT`` started (not a rank of ``perfmon torchrun``, nor a process the
-    job started or a script that called ``perfmon.instrument()``)."""
-    return os.environ.get("PERFMON_LAUNCHER_PID") == str(os.getppid()) and os.environ.get(paths.RANKS_ENV) != "1"
 
 
 def _compiling() -> Callable[[], bool]:
@@ -525,7 +518,7 @@ class Instrumentation:
         per rank): perfmon follows the process it started only. Say so once, with what follows every rank."""
         import torch.distributed as dist
 
-        if not dist.is_available() or not launched_alone():
+        if not dist.is_available() or not paths.launched_alone():
             return
         said: list[bool] = []
 

@@ -264,10 +264,10 @@ class Agent:
         """summary.json is analysis: written outside the job. A launcher still waiting for this process
         writes it itself; otherwise (perfmon.instrument(), a detached launcher, torchrun) a detached
         ``perfmon report RUN --write-summary`` does, so the job never loads state, rules or report."""
-        launcher = os.environ.get("PERFMON_LAUNCHER_PID")
+        launcher = os.environ.get(paths.LAUNCHER_ENV)
         if launcher == str(os.getppid()):
             return
-        if os.environ.get("PERFMON_RANKS") == "1" and launcher and launcher.isdigit() and paths.pid_alive(int(launcher)):
+        if os.environ.get(paths.RANKS_ENV) == "1" and launcher and launcher.isdigit() and paths.pid_alive(int(launcher)):
             return  # one rank of `perfmon torchrun`: its launcher writes every rank's summary and the job's
         try:
             import subprocess
@@ -624,8 +624,8 @@ class Agent:
         if live_from > 0:  # a fast job: the newest rows, and what came before them in one summary
             cut = min(live_from, len(vals))
             live = (head + ',"rows":[' + ",".join(texts[cut:]) + "]" + ',"bulk":'
-                    + json.dumps(_bulk(vals[:cut], [e[0] for e in extras[:cut]] if with_closures else None,
-                                       [e[int(with_closures)] for e in extras[:cut]] if with_prefetch else None),
+                    + json.dumps(_bulk(vals[:cut], [rec.closures for rec, _ in records[:cut]] if with_closures else None,
+                                       [rec.prefetch * 1e3 for rec, _ in records[:cut]] if with_prefetch else None),
                                  separators=(",", ":")) + tail)
         self.publish_text(body, live)
 

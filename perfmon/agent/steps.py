@@ -393,9 +393,9 @@ class StepTracker:
                     if part is None:
                         part = self._part = _Part(t, None)
                     part.acc[top] += t - self._since
-                    if top == "optimizer" and (phase == CLOSURE or phase == "backward"):
-                        part.closures += 1  # one per closure (or per backward of a closure not seen as one)
-                elif top == "optimizer" and (phase == CLOSURE or phase == "backward"):
+                    if phase == CLOSURE:
+                        part.closures += 1
+                elif phase == CLOSURE:
                     self._current(t, mark).closures += 1
             else:
                 part = self._part

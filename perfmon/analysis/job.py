@@ -220,16 +220,28 @@ def is_job_dir(run_dir: Path) -> bool:
     return not (run_dir / "events.jsonl").exists() and bool(paths.rank_dirs(run_dir))
 
 
-def new_warnings(job: JobState, said: dict[int, tuple[RunState, int]]) -> list[str]:
-    """The warnings the ranks recorded since the last call (``said``: each rank's state and how many of its
-    warnings were taken), one per text with the ranks that said it (``warning (ranks 0, 1): ...``): eight ranks
-    warning alike make one."""
-    by_text: dict[str, list[int]] = {}
-    for rank, state in sorted(job.ranks.items()):
-        before = said.get(rank)
-        seen = before[1] if before is not None and before[0] is state else 0  # a restarted rank: a new state
-        for text in state.warnings_since(seen):
-            by_text.setdefault(text, []).append(rank)
-        said[rank] = (state, state.warnings_seen)
-    return [f"warning (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}): {text}"
-            for text, ranks in by_text.items()]
+
+class WarningFeed:
+    """The agent's warnings not yet taken, of one run or of every rank of a job: ``(who, text)`` pairs, ``who``
+    being "" for one run and "ranks 0, 1" for the ranks of a job that said the same text (eight ranks warning alike
+    make one). A state replaced (a restarted rank) or reset (a replay that starts over) is read from its start."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int | None, tuple[RunState, int]] = {}  # by rank (None: the one run)
+
+    def new(self, state: RunState | None = None, job: JobState | None = None) -> list[tuple[str, str]]:
+        """What came in since the last call (call with the state lock held)."""
+        states = sorted(job.ranks.items()) if job is not None else [(None, state)] if state is not None else []
+        by_text: dict[str, list[int | None]] = {}
+        for rank, st in states:
+            before = self._seen.get(rank)
+            for text in st.warnings_since(before[1] if before is not None and before[0] is st else 0):
+                by_text.setdefault(text, []).append(rank)
+            self._seen[rank] = (st, st.warnings_seen)
+        return [("" if ranks == [None] else f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}", text)
+                for text, ranks in by_text.items()]
+
+
+def warning_line(who: str, text: str) -> str:
+    """``[perfmon] warning: ...``, or ``[perfmon] warning (ranks 0, 1): ...``: how every monitor says one."""
+    return f"[perfmon] warning{f' ({who})' if who else ''}: {text}"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from perfmon import paths
+from perfmon.analysis.job import WarningFeed, warning_line
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
@@ -76,7 +77,7 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
     state = RunState()
     engine = Engine(rules)
     next_rules = time.monotonic() + 1.0
-    warned = 0
+    warnings = WarningFeed()
     said_wandb = False
     lock = threading.Lock()
     tail = ScriptOutput(proc.run_dir)
@@ -91,16 +92,15 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             if time.monotonic() >= next_rules:
                 with lock:
                     new = engine.update(state)
-                    warnings = state.warnings_since(warned)
-                    warned = state.warnings_seen
+                    said_now = [warning_line(*w) for w in warnings.new(state)]
                     # --wandb: the job could not log (no active run): said once
                     failed = [r.message for r in state.command_results
                               if r.name == "log_metrics" and r.ok is False and r.message]
                 if failed and not said_wandb:
                     said_wandb = True
-                    warnings = [*warnings, failed[0]]
-                for text in warnings:
-                    print(f"[perfmon] warning: {text}", file=err, flush=True)
+                    said_now.append(warning_line("", failed[0]))
+                for line in said_now:
+                    print(line, file=err, flush=True)
                 for f in new:
                     print(f"[perfmon] finding{format_finding(f.severity, f.id, f.title, f.fix)[1:]}", file=err,
                           flush=True)
@@ -120,8 +120,8 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             follower.join(timeout=600.0)
         tail.pump()
         with lock:
-            for text in state.warnings_since(warned):  # the job's last second: said here, or never
-                print(f"[perfmon] warning: {text}", file=err, flush=True)
+            for who, text in warnings.new(state):  # the job's last second: said here, or never
+                print(warning_line(who, text), file=err, flush=True)
             summary = finalize_recording(proc.run_dir, state, returncode, rules)
             print(format_summary(state, summary), file=err, flush=True)
         if exports is not None:

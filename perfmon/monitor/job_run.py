@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import paths
-from perfmon.analysis.job import JobState, load_job, new_warnings, rank_rows
+from perfmon.analysis.job import JobState, WarningFeed, load_job, rank_rows, warning_line
 from perfmon.analysis.job_report import format_job_summary, job_status_line, write_job_summaries
 from perfmon.analysis.report import ReportError
 from perfmon.analysis.rules import Config, evaluate_job
-from perfmon.analysis.state import RunState
 from perfmon.monitor.headless import ScriptOutput
 from perfmon.monitor.job_source import JobSource
 from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording, signals_to
@@ -85,7 +84,7 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
     lock = threading.Lock()
     tail = ScriptOutput(proc.run_dir)
     said: set[tuple[str, Any]] = set()
-    warned: dict[int, tuple[RunState, int]] = {}
+    warnings = WarningFeed()
     with signals_to(proc):
         source = job_source(proc)
         if exports is not None:  # one label set / series per rank
@@ -107,9 +106,9 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             if now >= next_rules:
                 with lock:
                     found = evaluate_job(rank_rows(job, cfg.warmup_steps, cfg.min_steps), cfg)
-                    warnings = new_warnings(job, warned)
-                for text in warnings:
-                    print(f"[perfmon] {text}", file=err, flush=True)
+                    said_now = warnings.new(job=job)
+                for who, text in said_now:
+                    print(warning_line(who, text), file=err, flush=True)
                 for finding in found:
                     key = (finding.id, finding.evidence.get("rank"))
                     if key not in said:
@@ -132,8 +131,8 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             node.close()
         tail.pump()
         with lock:
-            for text in new_warnings(job, warned):  # the job's last seconds: said here, or never
-                print(f"[perfmon] {text}", file=err, flush=True)
+            for who, text in warnings.new(job=job):  # the job's last seconds: said here, or never
+                print(warning_line(who, text), file=err, flush=True)
             summary = finalize_job(proc.run_dir, job, returncode, rules)
             if summary is not None:
                 print(format_job_summary(job, summary), file=err, flush=True)

@@ -234,7 +234,7 @@ class TrainingProcess:
             raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
         env = dict(os.environ, **self.extra_env, PERFMON_RUN_DIR=str(self.run_dir.resolve()),
                    KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"),
-                   PERFMON_LAUNCHER_PID=str(os.getpid()))  # while this launcher waits, it writes summary.json
+                   **{paths.LAUNCHER_ENV: str(os.getpid())})  # while this launcher waits, it writes summary.json
         env.update(self._choose_runtime_dir())
         interval = paths.sample_interval(env)
         # one process we start ourselves and can reach: this launcher samples it (torchrun's ranks sample for

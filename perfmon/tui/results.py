@@ -7,8 +7,7 @@ from typing import Any
 
 from textual.app import App
 
-from perfmon.analysis.job import JobState, new_warnings
-from perfmon.analysis.state import RunState
+from perfmon.analysis.job import warning_line
 from perfmon.messages import CommandResult
 
 
@@ -58,31 +57,16 @@ def toast(app: App[Any], result: CommandResult) -> None:
     app.notify(text, title=name, severity="information" if ok else "error", timeout=timeout, markup=False)
 
 
-class WarningFeed:
-    """Picks the agent's warnings not yet shown: of the one run, or of every rank of a job (grouped by text)."""
-
-    def __init__(self) -> None:
-        self._run: tuple[RunState | None, int] = (None, 0)  # the state last read, and how many of its warnings
-        self._ranks: dict[int, tuple[RunState, int]] = {}
-
-    def new(self, state: RunState, job: JobState | None) -> list[str]:
-        """Warnings that came in since the last call, as ``warning: ...`` lines (call with the state lock held)."""
-        if job is not None:
-            return new_warnings(job, self._ranks)
-        seen = self._run[1] if self._run[0] is state else 0
-        self._run = (state, state.warnings_seen)
-        return [f"warning: {text}" for text in state.warnings_since(seen)]
-
-
 #: A recording replayed or attached late may hold many warnings: the newest few are toasted, all are in the log.
 WARNING_TOASTS = 3
 
 
-def say_warnings(app: App[Any], lines: list[str], log: Any) -> None:
-    """The agent's new warnings: each a line of the output panel (where they stay), the newest few a toast."""
-    if not lines:
+def say_warnings(app: App[Any], warnings: list[tuple[str, str]], log: Any) -> None:
+    """The agent's new warnings (``WarningFeed.new``): each a line of the output panel (where they stay), the
+    newest few a toast."""
+    if not warnings:
         return
-    log.add_lines([f"[perfmon] {line}" for line in lines])
-    for line in lines[-WARNING_TOASTS:]:
-        kind, text = line.split(": ", 1)
-        app.notify(text, title=f"perfmon {kind}", severity="warning", timeout=15, markup=False)
+    log.add_lines([warning_line(who, text) for who, text in warnings])
+    for who, text in warnings[-WARNING_TOASTS:]:
+        app.notify(text, title=f"perfmon warning{f' ({who})' if who else ''}", severity="warning", timeout=15,
+                   markup=False)

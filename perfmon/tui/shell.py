@@ -28,14 +28,14 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer
 
 from perfmon import messages
-from perfmon.analysis.job import JobState, rank_rows
+from perfmon.analysis.job import JobState, WarningFeed, rank_rows
 from perfmon.analysis.rules import Config, Engine, evaluate_job, evaluate_once
 from perfmon.analysis.state import RunState
 from perfmon.messages.commands import Command
 from perfmon.monitor.sources import Source
 from perfmon.tui import workers
 from perfmon.tui.mode import Mode
-from perfmon.tui.results import ResultFeed, WarningFeed, say_warnings, toast
+from perfmon.tui.results import ResultFeed, say_warnings, toast
 from perfmon.tui.widgets.device import DeviceInfo, DevicePanel
 from perfmon.tui.widgets.dialogs import QuitScreen
 from perfmon.tui.widgets.findings import FindingsInfo, FindingsPanel, FindingsSummary
@@ -213,7 +213,7 @@ class DashboardShell(App[None]):
             ranks = RanksInfo.from_job(self.job, self.selected, self.engine.cfg) if shows["ranks"] and self.job else None
             capturing = self.state.profiling is not None
             results = self._results.new(self.state.command_results)
-            warnings = self._warnings.new(self.state, self.job)
+            warnings = self._warnings.new(self.state, self.job)  # a job: every rank's, whichever is on show
             exit_ = self.state.exit
             exception = exit_.exception if exit_ else None
             where = last_frame(exit_.traceback) if exit_ else None
