@@ -224,3 +224,52 @@ def test_a_monitors_commands_reach_the_agent_typed_and_bad_ones_are_answered(ser
                                       done=True, message="memory snapshot: steps must be a whole number from 1 to 1000")
     assert bad[2]["ok"] is False and "not JSON" in bad[2]["error"]
     assert server.bad_lines == 3
+
+
+def _profiling_commands(tmp_path: Path) -> tuple[Commands, list[dict[str, Any]], list[str]]:
+    published: list[dict[str, Any]] = []
+    warned: list[str] = []
+    agent = SimpleNamespace(run_dir=tmp_path, enabled=True, record_error=lambda where, exc: pytest.fail(f"{where}"),
+                            publish=published.append, warn=warned.append, instrumentation=object())
+    return Commands(agent, {"wait": 0, "warmup": 1, "active": 3}), published, warned
+
+
+def _spin() -> None:
+    import torch
+
+    torch.randn(64, 64) @ torch.randn(64, 64)
+
+
+def test_p_waits_while_the_script_profiles_and_a_window_gives_way_to_it(tmp_path):
+    """Kineto records one session a process: perfmon's windows never start while one of the script's is open, and
+    one that is open when the script's begins stops first (the hooks report the script's sessions: e2e in
+    test_corpus)."""
+    import torch
+
+    cmds, published, warned = _profiling_commands(tmp_path)
+    answers: list[dict[str, Any]] = []
+    script = torch.autograd.profiler.profile()
+    cmds.script_profilers.opening(script)  # what the patched _prepare_trace reports, then the session itself
+    with script:
+        cmds.request(Command("profile", id=1), lambda data: answers.append(json.loads(data)))
+        cmds.boundary()
+        _spin()
+    cmds.script_profilers.closed(script)
+    assert cmds.window is None and answers[-1]["ok"] is False and answers[-1]["done"] is True
+    assert "runs its own torch.profiler" in answers[-1]["message"] and len(warned) == 1
+    assert any(e.key == "aten::mm" for e in script.key_averages())
+
+    cmds.request(Command("profile", id=2), lambda data: answers.append(json.loads(data)))
+    cmds.boundary()  # the script's session is closed: the window starts
+    assert cmds.window is not None and answers[-1]["done"] is False
+    script = torch.autograd.profiler.profile()
+    cmds.script_profilers.opening(script)  # the script begins one meanwhile: perfmon's window stops first
+    assert cmds.window is None
+    assert answers[-1]["ok"] is False and answers[-1]["done"] is True and "given up" in answers[-1]["message"]
+    assert [m["kind"] for m in published if m.get("kind", "").startswith("window_")] == ["window_started",
+                                                                                       "window_stopped"]
+    with script:
+        _spin()
+    assert any(e.key == "aten::mm" for e in script.key_averages())  # the script's own results are whole
+    assert len(warned) == 1  # said once
+    assert not list((tmp_path / "traces").glob("*"))  # the window given up leaves no trace

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 try:  # tests/ has no __init__.py: pytest puts it on sys.path (rootdir "prepend" import mode)
-    from test_e2e import env, perfmon, report  # noqa: F401 - env is a fixture
+    from test_e2e import env, events, perfmon, report  # noqa: F401 - env is a fixture
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_e2e import env, perfmon, report  # noqa: F401
+    from test_e2e import env, events, perfmon, report  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +45,7 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
     "scaler_skip": ("scaler_skip.py", ["--steps", "8", "--inf-every", "4"], False),
     "spawn_pickle": ("spawn_pickle.py", ["--steps", "4"], False),
     "lightning_style": ("lightning_style.py", ["--steps", "48", "--steps-per-epoch", "24", "--val-every", "16"], True),
+    "self_profiling": ("self_profiling.py", ["--steps", "40"], False),
 }
 
 
@@ -91,7 +92,8 @@ def script_stdout(pm_stdout: str, plain_stderr: str) -> list[str]:
 
 
 def run_pair(name: str, script: str, args: list[str], writes: bool, env: dict[str, str], tmp: Path,
-             extra_env: dict[str, str] | None = None, pm_timeout: float = 120.0) -> Pair:
+             extra_env: dict[str, str] | None = None, pm_timeout: float = 120.0,
+             pm_options: tuple[str, ...] = ()) -> Pair:
     path = str(CORPUS / script)
     env = dict(env, **(extra_env or {}))
     cwd_plain, cwd_pm = tmp / "plain", tmp / "pm"
@@ -104,7 +106,7 @@ def run_pair(name: str, script: str, args: list[str], writes: bool, env: dict[st
         plain_proc = subprocess.Popen([sys.executable, path, *argv, *(["--out", str(out_plain)] if writes else [])],
                                       cwd=cwd_plain, env=env, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe)
     try:
-        pm_args = ["--headless", "--run-dir", str(run), path, *argv, *(["--out", str(out_pm)] if writes else [])]
+        pm_args = ["--headless", "--run-dir", str(run), *pm_options, path, *argv, *(["--out", str(out_pm)] if writes else [])]
         pm = perfmon(pm_args, env, cwd=cwd_pm, timeout=pm_timeout)
         plain_proc.wait(timeout=PLAIN_TIMEOUT)
     finally:
@@ -188,6 +190,25 @@ def test_case_expectations(pair):
     if "samples" in truth:
         per_step = truth["samples"] / truth["steps"]
         assert rep["samples_per_s"] == pytest.approx(rep["steps_per_s"] * per_step, rel=0.03)
+
+
+# -- the script's own torch.profiler beside perfmon's windows ---------------------------------------------------
+@pytest.mark.parametrize("every", [3, 4])
+def test_scripts_own_profiler_comes_first(env, tmp_path, every):
+    """Kineto records one session a process. Before perfmon's windows gave way, a window open when the script's
+    session began emptied the script's results (exit 3 here) or crashed the job (SIGSEGV, with a window every 3
+    steps); now the script's profiles are whole, perfmon says why its windows wait, and they resume after."""
+    p = run_pair("self_profiling", "self_profiling.py", ["--steps", "40"], False, env, tmp_path,
+                 pm_options=("--profile-every", str(every)))
+    assert p.pm.returncode == p.plain.returncode == 0, p.pm.stderr[-3000:]
+    assert script_stdout(p.pm.stdout, p.plain.stderr) == p.plain.stdout.splitlines()
+    assert _rep(p)["steps"] == p.truth["steps"] == 40
+    recorded = events(p.run)
+    warnings = [m["message"] for m in recorded if m.get("kind") == "warning"]
+    assert any("runs its own torch.profiler" in w for w in warnings), warnings
+    # windows ran where the script's profiler was closed: after its scheduled session, and after its block
+    windows = sorted(m["step"] for m in recorded if m.get("type") == "profile" and m.get("trace"))
+    assert any(12 <= s < 20 for s in windows) and any(s >= 24 for s in windows), windows
 
 
 # -- torch.compile: tens of seconds on 2 cores the first time (inductor's cache is cold) ----------------------

@@ -84,6 +84,18 @@ def test_input_bound_thresholds(data, severity):
         assert f.severity == severity and "num_workers=0" in f.fix and f.impact == pytest.approx(data / (data + 7))
 
 
+def test_a_profile_with_few_steps_gets_only_the_rules_that_read_it():
+    """A short run that was profiled almost throughout (--profile-every N with a window of N steps) has a window
+    but fewer than min_steps steps outside windows: the step rules stay silent (the priority read "Biggest phase:
+    data (0% of step time)" off no steps at all); the window's rules still run."""
+    prof = {"step": 5, "device": "cuda", "syncs_per_step": 4.0, "device_busy": 0.9,
+            "top_ops": [{"name": "cudaStreamSynchronize", "share": 0.01, "calls": 12}]}
+    few = make_state(n=5, data=5, cuda=True, gpus=[H100], profile=prof, model={"loaders": [LOADER]})
+    assert ids(few) == ["host-sync"]
+    assert {"priority", "input-bound", "host-sync"} <= set(ids(make_state(data=5, cuda=True, gpus=[H100], profile=prof,
+                                                                             model={"loaders": [LOADER]})))
+
+
 def test_loader_cpu_bound_when_workers_saturate():
     loader = {**LOADER, "num_workers": 4}
     host = {"cpu_percent": 50.0, "cpu_count": 4, "system_cpu_percent": 98.0, "workers": 4, "workers_cpu_percent": 390.0}

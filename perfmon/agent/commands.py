@@ -17,9 +17,13 @@ from typing import Any
 
 from perfmon import protocol
 from perfmon.agent.native import CommandFields
+from perfmon.agent.profiler_guard import ScriptProfilers
 from perfmon.messages.commands import Command
 
 Answer = Callable[[dict[str, Any]], None]
+
+SCRIPT_PROFILING = ("the script runs its own torch.profiler: perfmon's profiler windows wait while it records "
+                    "(one profiler at a time; the script's comes first)")
 
 
 class Commands(CommandFields):
@@ -51,6 +55,10 @@ class Commands(CommandFields):
         self.torch_threads: int | None = None
         self._next_every = self.every if self.every else None
         self._next_time = time.monotonic() + self.interval if self.interval else None
+        #: the script's own torch.profiler sessions (reported by the hooks): perfmon's windows give way to them
+        self.script_profilers = ScriptProfilers(self._give_way)
+        self._window_answer: Answer = lambda r: None
+        self._said_give_way = False
         if self.count_flops_at_start:
             self._queue.append(("count_flops", Command("count_flops"), lambda r: None))
 
@@ -177,7 +185,10 @@ class Commands(CommandFields):
                 name, command, answer = item
                 getattr(self, f"_do_{name}")(command, answer)
         if self.window is None and self._periodic_due():
-            self._start_window("periodic", lambda r: None)
+            if self.script_profilers.busy:
+                self._say_give_way()  # this one is skipped; the next is due as usual
+            else:
+                self._start_window("periodic", lambda r: None)
             if self._next_every is not None:
                 self._next_every = self.boundaries + self.every
             if self._next_time is not None:
@@ -198,9 +209,11 @@ class Commands(CommandFields):
                         "message": f"profile ready: {Path(msg['trace']).name if msg['trace'] else 'no trace written'}"})
 
         window = ProfilerWindow(self.run_dir / "traces", self.wait, self.warmup, self.active,
-                                lambda: self.agent.tracker.count, publish, self.agent.record_error, reason)
+                                lambda: self.boundaries, publish, self.agent.record_error, reason,
+                                self.script_profilers.own)
         window.start()
         self.window = window
+        self._window_answer = answer
         self.agent.publish(protocol.message("event", kind="profile_started", reason=reason,
                                             steps=window.total, t=time.time()))
         self._window_event("started", "profile")
@@ -213,7 +226,27 @@ class Commands(CommandFields):
         if self.window is not None:
             answer({"ok": False, "done": True, "message": "busy: a profiler window is already being captured"})
             return
+        if self.script_profilers.busy:
+            self._say_give_way()
+            answer({"ok": False, "done": True, "message": SCRIPT_PROFILING})
+            return
         self._start_window("on demand", answer)
+
+    def _give_way(self) -> None:
+        """The script opens a profiler session of its own: perfmon's open window stops first, its trace dropped
+        (on the thread that opens it: the training thread, as a rule, where the windows run too)."""
+        window, self.window = self.window, None
+        if window is None:
+            return
+        window.abort()
+        self._window_event("stopped", "profile")
+        self._window_answer({"ok": False, "done": True, "message": "profiler window given up: " + SCRIPT_PROFILING})
+        self._say_give_way()
+
+    def _say_give_way(self) -> None:
+        if not self._said_give_way:
+            self._said_give_way = True
+            self.agent.warn(SCRIPT_PROFILING)
 
     @staticmethod
     def _check_wandb() -> str | None:

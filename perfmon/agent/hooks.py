@@ -208,7 +208,8 @@ class Instrumentation:
                             ("optimizer", self._hook_optimizer), ("GradScaler", self._patch_grad_scaler),
                             ("torch.save", self._patch_save), ("torch.compile", self._patch_compile),
                             ("torch.multiprocessing.spawn", self._patch_spawn),
-                            ("torch.distributed", self._patch_init_process_group), ("forward", self._start_discovery)):
+                            ("torch.distributed", self._patch_init_process_group),
+                            ("the script's own torch.profiler sessions", self._patch_profiler), ("forward", self._start_discovery)):
             try:
                 patch()
             except Exception:  # noqa: BLE001 - a torch without this API: that part is not measured (said once)
@@ -589,6 +590,37 @@ class Instrumentation:
             return save
 
         self._patch(torch, "save", make)
+
+    def _patch_profiler(self) -> None:
+        """The script's own profiler sessions, for perfmon's windows to give way to (``agent.profiler_guard``):
+        every torch.profiler session runs on a legacy profiler object, from its ``_prepare_trace`` to its
+        ``__exit__``."""
+        guard = getattr(self.commands, "script_profilers", None)
+        if guard is None:
+            return
+        import torch.autograd.profiler as legacy
+
+        def opening(orig: Callable) -> Callable:
+            def _prepare_trace(prof: Any, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    guard.opening(prof)
+                except Exception as exc:  # noqa: BLE001 - the script's profiler starts whatever perfmon's does
+                    self._on_error("profiler", exc)
+                return orig(prof, *args, **kwargs)
+
+            return _prepare_trace
+
+        def closing(orig: Callable) -> Callable:
+            def __exit__(prof: Any, *args: Any, **kwargs: Any) -> Any:
+                try:
+                    return orig(prof, *args, **kwargs)
+                finally:
+                    guard.closed(prof)
+
+            return __exit__
+
+        self._patch(legacy.profile, "_prepare_trace", opening)
+        self._patch(legacy.profile, "__exit__", closing)
 
     # -- module __call__ wrappers: discovery, then the roots' classes ---------------------------
     def _wrap_call(self, cls: type, make: Callable[[Callable], Callable]) -> None:

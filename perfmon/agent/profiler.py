@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ class ProfilerWindow:
 
     def __init__(self, traces_dir: Path, wait: int, warmup: int, active: int, step_index: Callable[[], int],
                  publish: Callable[[dict[str, Any] | None], None], on_error: Callable[[str, BaseException], None],
-                 reason: str) -> None:
+                 reason: str, own: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
         self.traces_dir = traces_dir
         self.wait, self.warmup, self.active = wait, warmup, active
         self.total = wait + warmup + active
@@ -34,6 +35,7 @@ class ProfilerWindow:
         self._publish = publish
         self._on_error = on_error
         self.reason = reason
+        self._own = own  # marks perfmon's own profiler calls: not the script's sessions (agent.profiler_guard)
         self.steps_done = 0
         self.started_step = step_index()
         self.prof: Any = None
@@ -48,23 +50,26 @@ class ProfilerWindow:
             schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
             record_shapes=True, profile_memory=True, with_flops=True,
         )
-        self.prof.start()
+        with self._own():
+            self.prof.start()
         self.t_start = time.time()
 
     def step(self) -> bool:
         """Advance at a boundary; True when the window is over (the profiler is stopped)."""
         self.steps_done += 1
-        if self.steps_done < self.total:
-            self.prof.step()
-            return False
-        self.prof.stop()
+        with self._own():
+            if self.steps_done < self.total:
+                self.prof.step()
+                return False
+            self.prof.stop()
         threading.Thread(target=self._export, name="perfmon-profile", daemon=True).start()
         return True
 
     def abort(self) -> None:
         """The job is ending mid-window: stop, and keep no partial trace."""
         try:
-            self.prof.stop()
+            with self._own():
+                self.prof.stop()
         except Exception as exc:  # noqa: BLE001
             self._on_error("profiler", exc)
 

@@ -179,13 +179,19 @@ class Facts:
 
 Rule = Callable[[Facts, Config], Finding | None]
 REGISTRY: dict[str, tuple[Rule, str]] = {}
+#: the rules that judge the steps' times: silent until ``min_steps`` steps past warm-up exist (a recording with a
+#: profiler window but fewer steps still gets the rules that read the window, the GPUs and the host)
+STEP_RULES: set[str] = set()
 
 
-def rule(rule_id: str, threshold: str) -> Callable[[Rule], Rule]:
-    """Register a rule under a stable id; ``threshold`` documents when it fires and why."""
+def rule(rule_id: str, threshold: str, *, reads_steps: bool = False) -> Callable[[Rule], Rule]:
+    """Register a rule under a stable id; ``threshold`` documents when it fires and why; ``reads_steps``: it judges
+    the steps' times (phase shares, quantiles), so it needs ``min_steps`` of them."""
 
     def deco(fn: Rule) -> Rule:
         REGISTRY[rule_id] = (fn, threshold)
+        if reads_steps:
+            STEP_RULES.add(rule_id)
         return fn
 
     return deco

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfmon.analysis.rules.base import REGISTRY, Config, Facts, Finding
+from perfmon.analysis.rules.base import REGISTRY, STEP_RULES, Config, Facts, Finding
 from perfmon.analysis.store import Store
 
 
 def _run_all(facts: Facts, cfg: Config) -> dict[str, Finding]:
     out: dict[str, Finding] = {}
+    few_steps = len(facts.steps) < cfg.min_steps
     for rule_id, (fn, _) in REGISTRY.items():
-        if rule_id in cfg.disabled:
+        if rule_id in cfg.disabled or (few_steps and rule_id in STEP_RULES):
             continue
         try:
             finding = fn(facts, cfg)

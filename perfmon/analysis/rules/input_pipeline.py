@@ -13,7 +13,7 @@ def _loader(f: Facts) -> LoaderSettings | None:
 
 @rule("input-bound", "data share of step > 10% warn, > 20% critical (torch-tb-profiler's DataLoader rule, TraceML); "
       "or batches come from a prefetching thread that spends >= 80% of the step time fetching them while other (the "
-      "loop's wait for its queue) is > 10% of the step: warn, critical when other > 20%")
+      "loop's wait for its queue) is > 10% of the step: warn, critical when other > 20%", reads_steps=True)
 def input_bound(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["data"]
     if share <= cfg.data_warn:
@@ -69,7 +69,7 @@ def _loader_fixes(f: Facts) -> list[str]:
     return steps
 
 
-@rule("loader-cpu-bound", "data share > 10% with DataLoader workers filling > 90% of the CPUs, or wanting them (their CPU time plus their time runnable but waiting for a CPU, Linux schedstat: a host shared with other jobs gives them only a share), or a > 90% busy host at least 40% of it the workers: CPU-bound preprocessing; or every worker busy with CPUs to spare (too few workers)")
+@rule("loader-cpu-bound", "data share > 10% with DataLoader workers filling > 90% of the CPUs, or wanting them (their CPU time plus their time runnable but waiting for a CPU, Linux schedstat: a host shared with other jobs gives them only a share), or a > 90% busy host at least 40% of it the workers: CPU-bound preprocessing; or every worker busy with CPUs to spare (too few workers)", reads_steps=True)
 def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["data"]
     loader = _loader(f)

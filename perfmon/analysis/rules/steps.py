@@ -15,7 +15,7 @@ PHASE_ADVICE = {
 }
 
 
-@rule("priority", "always, as info, once min_steps steps past warm-up exist: the phases ranked by time")
+@rule("priority", "always, as info, once min_steps steps past warm-up exist: the phases ranked by time", reads_steps=True)
 def priority(f: Facts, cfg: Config) -> Finding | None:
     ranked = sorted(f.shares.items(), key=lambda kv: kv[1], reverse=True)
     top, share = ranked[0]
@@ -37,7 +37,7 @@ def priority(f: Facts, cfg: Config) -> Finding | None:
 
 @rule("step-instability", "p99/p50 step time > 2 or periodic spikes > 3x the median, costing >= 10% of the time; "
       "info, not warn, when the spikes have no period and the host is busy with other work (other processes use "
-      ">= busy_host_cpus CPUs, or the trainer waits for a CPU >= cpu_wait_warn of the time)")
+      ">= busy_host_cpus CPUs, or the trainer waits for a CPU >= cpu_wait_warn of the time)", reads_steps=True)
 def step_instability(f: Facts, cfg: Config) -> Finding | None:
     p50, p99 = f.quantile(0.5), f.quantile(0.99)
     if not p50 or p99 is None:
@@ -119,7 +119,7 @@ def _per_tensor(o: OptimizerFlags, gpu_run: bool) -> bool:
 
 
 @rule("slow-optimizer", "optimizer share > 25% with a per-tensor implementation (not fused, not foreach: "
-      "foreach=None is torch's foreach on CUDA, a per-tensor loop on CPU) over >= 10 tensors")
+      "foreach=None is torch's foreach on CUDA, a per-tensor loop on CPU) over >= 10 tensors", reads_steps=True)
 def slow_optimizer(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["optimizer"]
     slow = [o for o in f.model.optimizer_flags if _per_tensor(o, bool(f.gpus))
