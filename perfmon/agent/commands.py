@@ -226,8 +226,7 @@ class Commands(CommandFields):
         if self.window is not None:
             answer({"ok": False, "done": True, "message": "busy: a profiler window is already being captured"})
             return
-        if self.script_profilers.busy:
-            self._say_give_way()
+        if self.script_profilers.busy:  # the answer says why (no warning besides)
             answer({"ok": False, "done": True, "message": SCRIPT_PROFILING})
             return
         self._start_window("on demand", answer)
@@ -241,7 +240,8 @@ class Commands(CommandFields):
         window.abort()
         self._window_event("stopped", "profile")
         self._window_answer({"ok": False, "done": True, "message": "profiler window given up: " + SCRIPT_PROFILING})
-        self._say_give_way()
+        if window.reason == "periodic":  # nobody asked for it: nobody gets an answer
+            self._say_give_way()
 
     def _say_give_way(self) -> None:
         if not self._said_give_way:
