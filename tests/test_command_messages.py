@@ -280,3 +280,31 @@ def test_p_waits_while_the_script_profiles_and_a_window_gives_way_to_it(tmp_path
     cmds.boundary()  # skipped while the script's session is open: nobody asked, so a warning says why, once
     cmds.boundary()
     assert cmds.window is None and len(warned) == 1 and "runs its own torch.profiler" in warned[0]
+
+
+def test_a_flop_count_waits_for_the_scripts_own_dispatch_mode(tmp_path):
+    """torch pops dispatch modes by position: perfmon's FLOP counter starts only where no mode of the script's is
+    on, and ends only where its own is innermost; a count that had to span two steps is divided by two."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cmds, published, warned = _profiling_commands(tmp_path)
+    answers: list[dict[str, Any]] = []
+    script = FlopCounterMode(display=False)
+    with script:  # the script's counter is on at this step end: perfmon's waits
+        cmds.request(Command("count_flops", id=1), lambda data: answers.append(json.loads(data)))
+        cmds.boundary()
+    assert cmds.flops_mode is None and cmds.pending
+    cmds.boundary()  # now it starts
+    assert cmds.flops_mode is not None
+    _spin()  # one step's 64x64x64 matmul: 2 * 64**3 FLOPs
+    script = FlopCounterMode(display=False)
+    script.__enter__()  # the script's own count begins in this step and ends in the next
+    cmds.boundary()  # perfmon's is not innermost: ending it would pop the script's
+    assert cmds.flops_mode is not None
+    _spin()
+    script.__exit__(None, None, None)
+    assert script.get_total_flops() == 2 * 64**3  # the script's count is its own
+    cmds.boundary()
+    assert cmds.flops_mode is None and answers[-1]["ok"] is True
+    assert answers[-1]["flops_per_step"] == 2 * 64**3  # 2 steps' matmuls over the 2 steps it spanned
+    assert warned == []

@@ -46,6 +46,7 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
     "spawn_pickle": ("spawn_pickle.py", ["--steps", "4"], False),
     "lightning_style": ("lightning_style.py", ["--steps", "48", "--steps-per-epoch", "24", "--val-every", "16"], True),
     "self_profiling": ("self_profiling.py", ["--steps", "40"], False),
+    "mfu_logging": ("mfu_logging.py", ["--steps", "24"], False),
 }
 
 
@@ -209,6 +210,26 @@ def test_scripts_own_profiler_comes_first(env, tmp_path, every):
     # windows ran where the script's profiler was closed: after its scheduled session, and after its block
     windows = sorted(m["step"] for m in recorded if m.get("type") == "profile" and m.get("trace"))
     assert any(12 <= s < 20 for s in windows) and any(s >= 24 for s in windows), windows
+
+
+@pytest.mark.parametrize("count_every", [4, 1])
+def test_count_flops_beside_the_scripts_own_flop_counter(env, tmp_path, count_every):
+    """``--count-flops`` on a loop without a DataLoader counted 0 FLOPs: its first step's end is confirmed only at
+    the next ``optimizer.step()``, with nothing but the update left to count. And a count that began inside the
+    script's own FlopCounterMode was popped by the script's exit (torch pops dispatch modes by position). Now the
+    count is the script's own figure; where the script counts every step, perfmon says it does not count."""
+    p = run_pair("mfu_logging", "mfu_logging.py", ["--steps", "24", "--count-every", str(count_every)], False, env,
+                 tmp_path, pm_options=("--count-flops",))
+    assert p.pm.returncode == p.plain.returncode == 0, p.pm.stderr[-3000:]
+    assert script_stdout(p.pm.stdout, p.plain.stderr) == p.plain.stdout.splitlines()
+    assert _rep(p)["steps"] == p.truth["steps"] == 24
+    recorded = events(p.run)
+    counted = [m["flops_per_step"] for m in recorded if m.get("type") == "model" and "flops_per_step" in m]
+    warnings = [m["message"] for m in recorded if m.get("kind") == "warning"]
+    if count_every == 1:
+        assert counted == [] and any("dispatch mode of its own" in w for w in warnings), (counted, warnings)
+    else:
+        assert counted == [p.truth["flops_per_step"]] and p.truth["flops_per_step"] > 0, warnings
 
 
 # -- torch.compile: tens of seconds on 2 cores the first time (inductor's cache is cold) ----------------------

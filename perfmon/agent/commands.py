@@ -22,8 +22,20 @@ from perfmon.messages.commands import Command
 
 Answer = Callable[[dict[str, Any]], None]
 
+FLOPS_WAIT_STEPS = 20
+FLOPS_BESIDE_MODE = ("count_flops: the script keeps a torch dispatch mode of its own on across step ends (its own "
+                     "FlopCounterMode, say); perfmon does not stack its FLOP counter on it")
 SCRIPT_PROFILING = ("the script runs its own torch.profiler: perfmon's profiler windows wait while it records "
                     "(one profiler at a time; the script's comes first)")
+
+
+def _dispatch_modes() -> list[Any]:
+    """The torch dispatch modes on now, innermost last (empty where this torch has no such stack to read)."""
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    except ImportError:
+        return []
+    return list(_get_current_dispatch_mode_stack())
 
 
 class Commands(CommandFields):
@@ -57,10 +69,14 @@ class Commands(CommandFields):
         self._next_time = time.monotonic() + self.interval if self.interval else None
         #: the script's own torch.profiler sessions (reported by the hooks): perfmon's windows give way to them
         self.script_profilers = ScriptProfilers(self._give_way)
+        self._flops_waited = 0  # step ends a FLOP count has waited for the script's own dispatch mode to end
         self._window_answer: Answer = lambda r: None
         self._said_give_way = False
         if self.count_flops_at_start:
-            self._queue.append(("count_flops", Command("count_flops"), lambda r: None))
+            # not at the first boundary: a loop is learned over its first steps, and without a DataLoader the first
+            # step's end is confirmed only at the next optimizer.step(), with nothing of that step left to count
+            # but the update (a count of 0 FLOPs); the third step is counted whole
+            self._queue.append(("count_flops", Command("count_flops", at_step=2), self._warn_unless_ok))
 
     # -- socket thread -------------------------------------------------------------------------
     def request(self, command: Command, reply: Callable[[bytes], None]) -> None:
@@ -231,6 +247,12 @@ class Commands(CommandFields):
             return
         self._start_window("on demand", answer)
 
+    def _warn_unless_ok(self, result: dict[str, Any]) -> None:
+        """The answer to what perfmon asked of itself (the FLOP count at start): nobody reads it, so a failure is
+        a warning."""
+        if not result.get("ok", True):
+            self.agent.warn(str(result.get("message")))
+
     def _give_way(self) -> None:
         """The script opens a profiler session of its own: perfmon's open window stops first, its trace dropped
         (on the thread that opens it: the training thread, as a rule, where the windows run too)."""
@@ -282,17 +304,35 @@ class Commands(CommandFields):
     def _do_count_flops(self, command: Command | None, answer: Answer) -> None:
         from torch.utils.flop_counter import FlopCounterMode
 
+        if _dispatch_modes():
+            # the script has a dispatch mode of its own on at this step end (its FlopCounterMode around whole
+            # steps, say): torch pops modes by position, so its exit would pop perfmon's counter and leave its own
+            self._flops_waited += 1
+            if self._flops_waited > FLOPS_WAIT_STEPS:
+                answer({"ok": False, "done": True, "message": FLOPS_BESIDE_MODE})
+                return
+            with self._lock:  # at the next step end
+                self._queue.append(("count_flops", command, answer))
+                self.pending = True
+            return
+        self._flops_waited = 0
         mode = FlopCounterMode(display=False)
         self._window_event("started", "flops")
         mode.__enter__()
-        self.flops_mode = (mode, answer, self.agent.tracker.count)
+        self.flops_mode = (mode, answer, self.boundaries)
 
     def _finish_flops(self) -> None:
-        mode, answer, _ = self.flops_mode
+        mode, answer, started = self.flops_mode
+        stack = _dispatch_modes()
+        if mode.mode in stack and stack[-1] is not mode.mode:
+            return  # the script entered a mode of its own after perfmon's and is still in it: a later step end
         self.flops_mode = None
-        mode.__exit__(None, None, None)
         self._window_event("stopped", "flops")
-        flops = int(mode.get_total_flops())
+        if mode.mode not in stack:  # popped by the script's own mode exit: popping again would pop another
+            answer({"ok": False, "done": True, "message": FLOPS_BESIDE_MODE})
+            return
+        mode.__exit__(None, None, None)
+        flops = int(mode.get_total_flops()) // max(1, self.boundaries - started)  # steps it spanned (1 as a rule)
         self.agent.publish(protocol.message("model", flops_per_step=flops, flops_counted_at=time.time()))
         answer({"ok": True, "done": True, "flops_per_step": flops, "message": f"FLOPs per step: {flops:,}"})
 
@@ -309,8 +349,11 @@ class Commands(CommandFields):
             self.window.abort()
             self.window = None
         if self.flops_mode is not None:
+            mode = self.flops_mode[0]
+            stack = _dispatch_modes()
             try:
-                self.flops_mode[0].__exit__(None, None, None)
+                if stack and stack[-1] is mode.mode:  # else another mode is on top: popping would pop that one
+                    mode.__exit__(None, None, None)
             except Exception:  # noqa: BLE001
                 pass
             self.flops_mode = None
