@@ -47,6 +47,7 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
     "lightning_style": ("lightning_style.py", ["--steps", "48", "--steps-per-epoch", "24", "--val-every", "16"], True),
     "self_profiling": ("self_profiling.py", ["--steps", "40"], False),
     "mfu_logging": ("mfu_logging.py", ["--steps", "24"], False),
+    "pretrain_finetune": ("pretrain_finetune.py", ["--pretrain-steps", "20", "--probe-steps", "20"], False),
 }
 
 
@@ -183,6 +184,12 @@ def test_case_expectations(pair):
         assert rep["steps"] == truth["optimizer_steps"]["D"] == truth["optimizer_steps"]["G"]
     elif pair.name in ("eval_between", "nanogpt"):  # more than 64 no_grad forwards before the first backward
         assert phases["forward"]["mean_ms"] > 0 and phases["backward"]["mean_ms"] > 0, phases
+    elif pair.name == "pretrain_finetune":  # the probe, a model built after the first, is timed as forward too
+        rows = [dict(zip(m["fields"], row, strict=True))
+                for m in events(pair.run) if m.get("type") == "steps" for row in m["rows"]]
+        probe = [r for r in rows if r["i"] > truth["pretrain_steps"] + 1]  # its first forward ran before it was seen
+        assert len(probe) == truth["steps"] - truth["pretrain_steps"] - 1
+        assert all(r["forward_ms"] > 0 for r in probe), [r["forward_ms"] for r in probe]
     elif pair.name == "instrument_late":  # plain python: instrument() after model and optimizer exist records
         runs = sorted((pair.cwd_plain / "perfmon-runs").glob("*"))
         assert len(runs) == 1, runs

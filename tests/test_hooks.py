@@ -278,6 +278,50 @@ def test_an_optimizer_built_every_iteration_is_one_step_each_and_none_is_kept_al
 
 @pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=pytest.mark.skipif(
     accelerator() is None, reason="the C hot path was not built"))], ids=["python", "c"])
+def test_a_model_built_after_the_first_is_found_when_its_optimizer_steps(accelerated):
+    """Pre-train one model, then train another class of model (a classifier on the frozen encoder) with a new
+    optimizer: discovery ran once, in the first step, so the second model's forwards were *other* and its
+    parameters were left out of the model's size. A new optimizer over parameters no root holds looks again."""
+
+    class Encoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = mlp()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)
+
+    class Head(nn.Module):
+        def __init__(self, enc: nn.Module) -> None:
+            super().__init__()
+            self.enc, self.out = enc, nn.Linear(1, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                z = self.enc(x)
+            return self.out(z)
+
+    rec = Recorder()
+    inst = Instrumentation(rec.emit, lambda where, exc: rec.errors.append((where, exc)), accelerated=accelerated)
+    inst.install()
+    try:
+        enc = Encoder()
+        train(enc, torch.optim.SGD(enc.parameters(), lr=0.1), 4)
+        again = torch.optim.SGD(enc.parameters(), lr=0.01)  # a new optimizer for a known model: nothing to find
+        train(enc, again, 2)
+        assert not inst.bounds.discovering
+        head = Head(enc)
+        train(head, torch.optim.SGD(head.out.parameters(), lr=0.1), 6)
+    finally:
+        inst.uninstall()
+    assert rec.errors == [] and rec.steps() == 12
+    assert [type(r).__name__ for r in inst.roots] == ["Encoder", "Head"]
+    # the first step of the new loop has run its forward before its optimizer is seen; the other five are timed
+    assert sum(1 for f in rec.forwards() if f[1] == id(head)) >= 5
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=pytest.mark.skipif(
+    accelerator() is None, reason="the C hot path was not built"))], ids=["python", "c"])
 def test_fetches_and_saves_on_other_threads_overlap_the_steps_instead_of_joining_them(accelerated, tmp_path):
     """A prefetching thread (prefetch_generator's BackgroundGenerator, as many repos vendor it) fetches while the
     training thread steps, and an executor saves checkpoints meanwhile: neither touches the training thread's

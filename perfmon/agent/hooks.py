@@ -53,6 +53,8 @@ Emit = Callable[[int, Any], None]
 
 #: Stop looking for roots after this many top-level module calls with no step (inference loops).
 _DISCOVERY_CALL_LIMIT = 20_000
+#: step ends a discovery started again (a new optimizer over a model no root holds) waits for a new top-level call
+_REDISCOVERY_STEPS = 3
 
 
 def batch_size(batch: Any) -> int | None:
@@ -106,6 +108,9 @@ class Instrumentation:
         self._module_depth = 0  # module calls open on the training thread (discovery only)
         self._top_calls = 0
         self._candidates: dict[int, torch.nn.Module] = {}
+        #: discovery started again after the first: it ends at a step end once it found a new root (or gave up)
+        self._rediscovery_steps: int | None = None
+        self._root_params: set[int] = set()  # ids of the roots' parameters, as last counted
         self._root_refs: dict[int, weakref.ref[torch.nn.Module]] = {}
         self._roots: list[weakref.ref[torch.nn.Module]] = []
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -197,7 +202,7 @@ class Instrumentation:
         """The script called ``perfmon.step()``: from now on only its calls end steps."""
         self.bounds.explicit = True
         if self.bounds.discovering:
-            self.finish_discovery()
+            self.finish_discovery(force=True)
 
     # -- install -------------------------------------------------------------------------
     def install(self) -> None:
@@ -484,6 +489,28 @@ class Instrumentation:
         if not self.bounds.optimizers_seen:  # from now on a backward does not end a step
             self.bounds.optimizers_seen = True
             self._emit(OPTIMIZER_CREATED, None)
+        elif self._roots and not self.bounds.discovering and self._trains_outside_roots(opt):
+            self._rediscover()
+
+    def _trains_outside_roots(self, opt: Any) -> bool:
+        """``opt`` updates parameters no root module holds: a model the script built after the first (fine-tuning a
+        new head after pre-training, a second stage), whose class no root wrapper times."""
+        try:
+            params = [id(p) for group in opt.param_groups for p in group["params"]]
+            if all(key in self._root_params for key in params):
+                return False
+            self._root_params = {id(p) for root in self.roots for p in root.parameters()}  # roots may have grown
+            return not all(key in self._root_params for key in params)
+        except Exception:  # noqa: BLE001 - an optimizer without the usual param_groups: nothing to learn from it
+            return False
+
+    def _rediscover(self) -> None:
+        """Look for the roots again over the next steps: the loop trains a model no root wrapper times (its
+        forwards would be *other*)."""
+        self._candidates.clear()
+        self._top_calls = 0
+        self._rediscovery_steps = _REDISCOVERY_STEPS
+        self._start_discovery()
 
     def _patch_spawn(self) -> None:
         """``torch.multiprocessing.spawn`` (the DDP tutorial's launcher) trains in fresh processes that perfmon does
@@ -707,7 +734,7 @@ class Instrumentation:
                     inst._module_depth -= 1
                     inst.end("forward")
                     if inst._top_calls >= _DISCOVERY_CALL_LIMIT:
-                        inst.finish_discovery()
+                        inst.finish_discovery(force=True)
 
             return __call__
 
@@ -720,10 +747,17 @@ class Instrumentation:
             if torch.nn.Module in self._calls:
                 self._unwrap_call(torch.nn.Module)
 
-    def finish_discovery(self) -> None:
-        """Time the roots found so far and unwrap ``nn.Module.__call__``. Training thread only."""
+    def finish_discovery(self, force: bool = False) -> None:
+        """Time the roots found so far and unwrap ``nn.Module.__call__``; called at each step end while discovering.
+        Training thread only. A discovery started again waits, unless ``force``d, for a step that found a new root
+        (it began inside the step whose optimizer was new, after that step's forward)."""
         if not self.bounds.discovering:
             return
+        left = self._rediscovery_steps
+        if left is not None and not force and not self._candidates and left > 0:
+            self._rediscovery_steps = left - 1
+            return
+        self._rediscovery_steps = None
         try:
             self._stop_discovery()
             for module in self._candidates.values():
