@@ -51,13 +51,17 @@ def instrument(run_dir: str | None = None) -> None:
     """Start the agent in this process (for scripts not started by ``perfmon``), so that
     ``perfmon attach`` works. Idempotent; the recording goes to ``run_dir`` (default
     ``./perfmon-runs/<time>-<script>/``); it is finished when the interpreter exits."""
-    if _api.get_agent() is not None:
-        return
     import atexit
     import os
     import sys
 
+    inherited = _api.get_agent()
+    if inherited is not None and getattr(inherited, "pid", os.getpid()) == os.getpid():
+        return
     from perfmon.agent import bootstrap
+
+    if inherited is not None:  # a forked child (multiprocessing's fork): its parent's agent came along, silenced
+        bootstrap.forget_inherited(inherited)
 
     if run_dir:
         os.environ["PERFMON_RUN_DIR"] = str(run_dir)

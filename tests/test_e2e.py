@@ -609,6 +609,48 @@ def test_torch_multiprocessing_spawn_is_said_and_its_workers_record_on_their_own
     assert all(report(d, env)["steps"] == 4 for d in workers)
 
 
+PROCESS_SCRIPT = """
+import multiprocessing as mp
+import sys
+import torch
+def train(instrument):
+    if instrument:
+        import perfmon
+        perfmon.instrument()  # as the warning suggests: a recording of its own
+""" + train_loop(6) + """
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    for instrument in (False, True):
+        p = ctx.Process(target=train, args=(instrument,))
+        p.start()
+        p.join()
+        print("child exit", p.exitcode)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_training_in_a_multiprocessing_process_is_said_and_instrument_there_records_it(env, tmp_path, method):
+    """A script that trains in a ``multiprocessing.Process`` of its own showed no steps and a hint about custom
+    loops: a warning names the process's function and what to do; ``perfmon.instrument()`` there records it, in a
+    forked child too (the parent's silenced agent came along with the fork, and instrument() did nothing)."""
+    script = tmp_path / "in_a_process.py"
+    script.write_text(PROCESS_SCRIPT)
+    plain = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=120,
+                           env=env, cwd=tmp_path)
+    run = tmp_path / "run"
+    res = perfmon(["--headless", "--run-dir", str(run), str(script), method], env, cwd=tmp_path)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == "child exit 0\nchild exit 0\n"
+    said = re.findall(r"^\[perfmon\] warning: the script started a process running train\(\) before any training "
+                      r"step", res.stderr, re.M)
+    assert len(said) == 1, res.stderr
+    assert report(run, env)["steps"] == 0  # the job itself trained nothing
+    # the plain run's instrumented child made a recording of its own; the one under perfmon another
+    children = [d for d in (tmp_path / "perfmon-runs").iterdir() if (d / "events.jsonl").exists()]
+    assert len(children) == 2, children
+    assert [report(d, env)["steps"] for d in children] == [6, 6]
+
+
 LAST_SECOND_WARNING_SCRIPT = """
 import torch
 import torch.multiprocessing as mp

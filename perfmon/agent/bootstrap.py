@@ -222,6 +222,17 @@ def _install_os_exit(agent: Agent) -> None:
     os._exit = _exit
 
 
+def forget_inherited(agent: Agent) -> None:
+    """In a forked child that starts an agent of its own: lift the patches of the parent's agent, which came along
+    with the fork (silenced, its threads gone), so that the child's own hooks are the only ones."""
+    try:
+        if agent.instrumentation is not None:
+            agent.instrumentation.uninstall()
+    except Exception as exc:  # noqa: BLE001 - the child's own agent starts regardless
+        print(f"perfmon: could not lift the parent's hooks ({exc})", file=sys.stderr)
+    _api.set_agent(None)
+
+
 def finish_agent(agent: Agent | None, exit_info: dict[str, Any]) -> None:
     """Flush, record the exit and close; safe to call twice."""
     if agent is None or getattr(agent, "_finished", False):

@@ -87,6 +87,22 @@ def _compiling() -> Callable[[], bool]:
     return fn if callable(fn) else (lambda: False)
 
 
+def _script_target(proc: Any) -> str | None:
+    """The name of what a ``multiprocessing`` process runs, where the script wrote it; None for the machinery's
+    own (DataLoader workers, pools, managers, torch.multiprocessing.spawn, which has its own warning)."""
+    target = getattr(proc, "_target", None)
+    if target is None:  # a Process subclass with its own run()
+        cls = type(proc)
+        return None if cls.__module__.split(".")[0] in _MACHINERY else f"{cls.__qualname__}.run"
+    module = getattr(target, "__module__", None) or ""
+    if module.split(".")[0] in _MACHINERY:
+        return None
+    return getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or "its target"
+
+
+_MACHINERY = frozenset({"multiprocessing", "concurrent", "torch", "perfmon"})
+
+
 class Instrumentation:
     """Installs and removes the patches; one instance per process."""
 
@@ -213,6 +229,7 @@ class Instrumentation:
                             ("optimizer", self._hook_optimizer), ("GradScaler", self._patch_grad_scaler),
                             ("torch.save", self._patch_save), ("torch.compile", self._patch_compile),
                             ("torch.multiprocessing.spawn", self._patch_spawn),
+                            ("multiprocessing.Process", self._patch_process_start),
                             ("torch.distributed", self._patch_init_process_group),
                             ("the script's own torch.profiler sessions", self._patch_profiler), ("forward", self._start_discovery)):
             try:
@@ -540,6 +557,32 @@ class Instrumentation:
         mp = importlib.import_module("torch.multiprocessing")
         if getattr(mp, "start_processes", None) is patched.__perfmon_original__:
             self._patch(mp, "start_processes", lambda orig: patched)  # the name the package exports too
+
+    def _patch_process_start(self) -> None:
+        """A script that trains in a ``multiprocessing.Process`` of its own (to isolate a run, or a GPU) showed no
+        steps and a hint about custom loops. A process the script starts before any step of its own, with a target
+        of its own (not a DataLoader worker, a pool's or a manager's), gets a warning once."""
+        process_mod = importlib.import_module("multiprocessing.process")
+        said: list[bool] = []
+
+        def make(orig: Callable) -> Callable:
+            def start(proc: Any) -> Any:
+                if not said and not getattr(self.commands, "boundaries", 0):
+                    try:
+                        name = _script_target(proc)
+                        if name is not None:
+                            said.append(True)
+                            self._warn(f"the script started a process running {name}() before any training step "
+                                       "of its own: perfmon follows this process only, so if that one trains, its "
+                                       f"steps are not recorded here. To monitor it, call perfmon.instrument() at "
+                                       f"the top of {name}() (a recording of its own, listed by `perfmon ls`)")
+                    except Exception as exc:  # noqa: BLE001 - never into training
+                        self._on_error("hooks:process", exc)
+                return orig(proc)
+
+            return start
+
+        self._patch(process_mod.BaseProcess, "start", make)
 
     def _patch_init_process_group(self) -> None:
         """A job that makes its other ranks itself (PyTorch Lightning's DDP runs the script again in a subprocess
