@@ -29,13 +29,18 @@ SCRIPT_PROFILING = ("the script runs its own torch.profiler: perfmon's profiler 
                     "(one profiler at a time; the script's comes first)")
 
 
-def _dispatch_modes() -> list[Any]:
-    """The torch dispatch modes on now, innermost last (empty where this torch has no such stack to read)."""
+def _dispatch_modes() -> list[Any] | None:
+    """The torch dispatch modes on now, innermost last (None where this torch has no such stack to read)."""
     try:
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
     except ImportError:
-        return []
+        return None
     return list(_get_current_dispatch_mode_stack())
+
+
+def _stack_entry(counter: Any) -> Any:
+    """What a FlopCounterMode puts on the dispatch mode stack: an inner mode (torch >= 2.5), or itself."""
+    return getattr(counter, "mode", None) or counter
 
 
 class Commands(CommandFields):
@@ -323,12 +328,12 @@ class Commands(CommandFields):
 
     def _finish_flops(self) -> None:
         mode, answer, started = self.flops_mode
-        stack = _dispatch_modes()
-        if mode.mode in stack and stack[-1] is not mode.mode:
+        stack, entry = _dispatch_modes(), _stack_entry(mode)
+        if stack is not None and entry in stack and stack[-1] is not entry:
             return  # the script entered a mode of its own after perfmon's and is still in it: a later step end
         self.flops_mode = None
         self._window_event("stopped", "flops")
-        if mode.mode not in stack:  # popped by the script's own mode exit: popping again would pop another
+        if stack is not None and entry not in stack:  # popped by the script's mode exit: popping would pop another
             answer({"ok": False, "done": True, "message": FLOPS_BESIDE_MODE})
             return
         mode.__exit__(None, None, None)
@@ -352,7 +357,7 @@ class Commands(CommandFields):
             mode = self.flops_mode[0]
             stack = _dispatch_modes()
             try:
-                if stack and stack[-1] is mode.mode:  # else another mode is on top: popping would pop that one
+                if stack is None or (stack and stack[-1] is _stack_entry(mode)):  # else it would pop another
                     mode.__exit__(None, None, None)
             except Exception:  # noqa: BLE001
                 pass
