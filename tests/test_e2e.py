@@ -754,10 +754,27 @@ sys.exit(0)
 """
 
 
-def test_sigterm_and_sigusr1_to_perfmon_reach_the_scripts_own_handlers(background, env, tmp_path):
+#: The same, with a SIGTERM handler that calls the one it found, as PyTorch Lightning's signal connector does: under
+#: plain python it finds SIG_DFL and calls nothing; perfmon's own handler, found instead, killed the job (143, no
+#: checkpoint) until it learned to do nothing when another handler calls it.
+PREEMPTIBLE_CHAINING = PREEMPTIBLE.replace("""def on_term(sig, frame):
+    global stop
+    stop = True
+""", """previous = signal.getsignal(signal.SIGTERM)
+def on_term(sig, frame):
+    global stop
+    stop = True
+    if callable(previous):
+        previous(sig, frame)
+""")
+
+
+@pytest.mark.parametrize("script", [PREEMPTIBLE, PREEMPTIBLE_CHAINING], ids=["own", "chaining"])
+def test_sigterm_and_sigusr1_to_perfmon_reach_the_scripts_own_handlers(background, env, tmp_path, script):
     """`kill PID`, `timeout`, `docker stop` or a scheduler signal perfmon, not the job: SIGTERM and SIGUSR1 go on to
     the job as they are, so its handlers run as under plain python (a checkpoint, exit 0), never a KeyboardInterrupt."""
-    (tmp_path / "preempt.py").write_text(PREEMPTIBLE)
+    assert "previous(sig, frame)" in PREEMPTIBLE_CHAINING
+    (tmp_path / "preempt.py").write_text(script)
     run = tmp_path / "run"
     bg = background(["--headless", "--interval", "0.3", "--run-dir", str(run), "preempt.py"], cwd=tmp_path)
     bg.train_pid = hello_pid(run)

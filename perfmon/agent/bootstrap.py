@@ -189,6 +189,11 @@ def _install_sigterm(agent: Agent) -> None:
         return
 
     def handler(signum: int, frame: Any) -> None:
+        if signal.getsignal(signal.SIGTERM) is not handler:
+            # the script installed a handler of its own that calls the one it found (PyTorch Lightning's signal
+            # connector chains it): under plain python it found SIG_DFL and called nothing, so neither does this;
+            # the script stops as it means to, and its exit is recorded then
+            return
         if agent.defer_while_publishing(lambda: handler(signum, frame)):
             return  # it landed inside publish(): finish when that returns, or the publisher's steps are lost
         finish_agent(agent, {"code": None, "signal": "SIGTERM", "exception": None, "traceback": None})
