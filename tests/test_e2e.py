@@ -581,6 +581,33 @@ def test_training_in_a_thread_the_main_thread_left_is_waited_for_and_counted(env
     assert rep["steps"] == 12 and rep["exit_code"] == 0
 
 
+JOIN_ALL_SCRIPT = """
+import threading
+import torch
+def save():
+    torch.save({"w": torch.zeros(4)}, "ckpt.pt")
+""" + "def train():" + train_loop(8) + """
+train()
+saver = threading.Thread(target=save, name="saver")
+saver.start()
+saver.join()
+print("threads", [t.name for t in threading.enumerate()], threading.active_count(), flush=True)
+for t in threading.enumerate():  # wait for whatever else is running before exiting
+    if t is not threading.current_thread():
+        t.join()
+print("all joined", flush=True)
+"""
+
+
+def test_a_script_that_lists_or_joins_every_thread_sees_only_its_own(env, tmp_path):
+    """Under plain python the script's threads are all there is: one that joined every thread but its own waited
+    forever on perfmon's (which live as long as the job), and its listing showed them."""
+    plain, res, run = plain_and_headless(JOIN_ALL_SCRIPT, "join_all.py", env, tmp_path)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == "threads ['MainThread'] 1\nall joined\n"
+    assert report(run, env)["steps"] == 8
+
+
 SPAWN_SCRIPT = """
 import torch
 import torch.multiprocessing as mp

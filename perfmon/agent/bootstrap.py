@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from perfmon import _api, paths
+from perfmon.agent import own_threads
 from perfmon.agent.runtime import Agent
 
 
@@ -93,6 +94,7 @@ def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | N
         sys.meta_path.insert(0, _TorchImportHook(agent))
     _install_sigterm(agent)
     _install_os_exit(agent)
+    own_threads.hide()
     return agent
 
 

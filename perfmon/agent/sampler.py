@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from perfmon import protocol
+from perfmon.agent import own_threads
 from perfmon.collectors.cuda_mem import CudaMemorySampler
 from perfmon.collectors.host import HostSampler
 from perfmon.collectors.nvml import NvmlSampler, cuda_initialized
@@ -72,7 +73,7 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
 
 def perfmon_threads() -> set[int]:
     """perfmon's own threads in the job: not the trainer's when its CPU wait is read."""
-    return {t.native_id for t in threading.enumerate() if t.name.startswith("perfmon") and t.native_id}
+    return own_threads.native_ids()
 
 
 #: The model's facts are recounted at least this often even when nothing they depend on seems to change.
