@@ -308,3 +308,22 @@ def test_a_flop_count_waits_for_the_scripts_own_dispatch_mode(tmp_path):
     assert cmds.flops_mode is None and answers[-1]["ok"] is True
     assert answers[-1]["flops_per_step"] == 2 * 64**3  # 2 steps' matmuls over the 2 steps it spanned
     assert warned == []
+
+
+def test_a_window_gives_way_on_the_training_thread_when_the_script_profiles_from_another(tmp_path):
+    """A profiler is driven from the thread that started it: the script's session opened on another thread has
+    perfmon's window stopped by the training thread at its next step end, not from that other thread."""
+    import torch
+
+    cmds, published, warned = _profiling_commands(tmp_path)
+    answers: list[dict[str, Any]] = []
+    cmds.request(Command("profile", id=1), lambda data: answers.append(json.loads(data)))
+    cmds.boundary()
+    window = cmds.window
+    assert window is not None
+    other = threading.Thread(target=cmds.script_profilers.opening, args=(torch.autograd.profiler.profile(),))
+    other.start()
+    other.join()
+    assert cmds.window is window and cmds.pending  # left to the training thread
+    cmds.boundary()
+    assert cmds.window is None and "given up" in answers[-1]["message"]

@@ -819,6 +819,84 @@ def test_sigterm_and_sigusr1_to_perfmon_reach_the_scripts_own_handlers(backgroun
     assert rep["steps"] == int(saved.group(1))
 
 
+#: A preemption handler that saves, then chains the handler it found or, finding none (SIG_DFL, as under plain
+#: python), dies of the signal itself. perfmon's handler, had the script seen it, would have been called and done
+#: nothing: the job trained on.
+PREEMPTIBLE_REKILL = """
+import os, signal, time
+import torch
+from torch import nn
+previous = signal.getsignal(signal.SIGTERM)
+steps = 0
+def on_term(sig, frame):
+    torch.save(model.state_dict(), "ckpt.pt")
+    print(f"checkpoint saved after {steps} steps", flush=True)
+    if callable(previous):
+        previous(sig, frame)
+    else:
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+signal.signal(signal.SIGTERM, on_term)
+model = nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+while True:
+    opt.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    steps += 1
+    if steps == 3:
+        open("ready", "w").close()
+    time.sleep(0.01)
+"""
+
+
+def test_a_handler_that_finds_no_previous_handler_dies_of_sigterm_with_every_step_recorded(background, env,
+                                                                                          tmp_path):
+    """perfmon's own SIGTERM handler is out of the script's sight (getsignal reads SIG_DFL), so a handler that
+    re-kills itself when it finds none dies as under plain python (143), and the steps up to its own kill are
+    recorded (os.kill of itself with a fatal signal at SIG_DFL records first, as os._exit does)."""
+    (tmp_path / "rekill.py").write_text(PREEMPTIBLE_REKILL)
+    run = tmp_path / "run"
+    bg = background(["--headless", "--interval", "0.3", "--run-dir", str(run), "rekill.py"], cwd=tmp_path)
+    bg.train_pid = hello_pid(run)
+    wait_for(lambda: (tmp_path / "ready").exists(), "training")
+    bg.popen.send_signal(signal.SIGTERM)
+    assert bg.wait() == 143, bg.stderr
+    saved = re.search(r"^checkpoint saved after (\d+) steps$", bg.stdout, re.M)
+    assert saved and (tmp_path / "ckpt.pt").exists(), bg.stdout
+    rep = report(run, env)
+    assert rep["signal"] == "SIGTERM" and rep["steps"] == int(saved.group(1))
+
+
+FORK_TERMINATED_SCRIPT = """
+import multiprocessing as mp, time
+import torch
+def helper():
+    time.sleep(60)
+""" + "def train():" + train_loop(5) + """
+if __name__ == "__main__":
+    train()
+    p = mp.get_context("fork").Process(target=helper)
+    p.start()
+    time.sleep(0.5)
+    p.terminate()  # SIGTERM: the child inherited perfmon's handler with the fork
+    p.join()
+    train()
+    print("helper exit", p.exitcode, flush=True)
+"""
+
+
+def test_a_forked_child_terminated_leaves_the_jobs_recording_alone(env, tmp_path):
+    """The handler a forked child inherits does what SIG_DFL does there: before, it finished the parent's agent from
+    the child (a second, false exit record in the job's recording; its discovery file and socket removed)."""
+    plain, res, run = plain_and_headless(FORK_TERMINATED_SCRIPT, "fork_terminated.py", env, tmp_path)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == "helper exit -15\n"
+    exits = [e for e in events(run) if e.get("kind") == "exit"]
+    assert len(exits) == 1 and exits[0]["code"] == 0, exits
+    assert report(run, env)["steps"] == 10
+
+
 def test_ctrl_z_on_perfmon_suspends_the_job_too_and_fg_resumes_both(background, env, tmp_path):
     """Ctrl-Z (SIGTSTP) on plain python stops training; on perfmon it stops the job with it (the job's own session
     would not see the terminal's), and continuing perfmon continues the job."""

@@ -364,3 +364,24 @@ def test_fetches_and_saves_on_other_threads_overlap_the_steps_instead_of_joining
     # how long the prefetching thread fetched is counted apart: one event a batch (StopIteration ends none)
     fetched = [a for c, a in rec.events if c == PREFETCH]
     assert len(fetched) == 20 and all(isinstance(a, tuple) and a[0] > 0 and a[1] == 8 for a in fetched), fetched[:3]
+
+
+def test_a_forked_child_that_starts_its_own_agent_drops_everything_of_its_parents():
+    """instrument() in a forked child: the parent's patches go, and so does its wait for ``import torch`` (a parent
+    that never imported torch left it in sys.meta_path: both agents then hooked torch, every hook ran twice)."""
+    import sys
+    from types import SimpleNamespace
+
+    from perfmon import _api
+    from perfmon.agent import bootstrap
+
+    inherited = SimpleNamespace(instrumentation=None)
+    other = SimpleNamespace(instrumentation=None)
+    waits = [bootstrap._TorchImportHook(inherited), bootstrap._TorchImportHook(other)]  # type: ignore[arg-type]
+    sys.meta_path[:0] = waits
+    try:
+        bootstrap.forget_inherited(inherited)  # type: ignore[arg-type]
+        assert waits[0] not in sys.meta_path and waits[1] in sys.meta_path
+        assert _api.get_agent() is None
+    finally:
+        sys.meta_path[:] = [f for f in sys.meta_path if f not in waits]

@@ -90,8 +90,9 @@ def test_a_profile_with_few_steps_gets_only_the_rules_that_read_it():
     data (0% of step time)" off no steps at all); the window's rules still run."""
     prof = {"step": 5, "device": "cuda", "syncs_per_step": 4.0, "device_busy": 0.9,
             "top_ops": [{"name": "cudaStreamSynchronize", "share": 0.01, "calls": 12}]}
-    few = make_state(n=5, data=5, cuda=True, gpus=[H100], profile=prof, model={"loaders": [LOADER]})
-    assert ids(few) == ["host-sync"]
+    few = make_state(n=5, data=5, cuda=True, gpus=[{**H100, "util_gpu": 40}], profile=prof,
+                     model={"loaders": [LOADER]})
+    assert ids(few) == ["host-sync"]  # not device-underused either: whether data is the bottleneck is unknown
     assert {"priority", "input-bound", "host-sync"} <= set(ids(make_state(data=5, cuda=True, gpus=[H100], profile=prof,
                                                                              model={"loaders": [LOADER]})))
 

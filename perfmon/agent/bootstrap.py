@@ -11,7 +11,6 @@ import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import os
-import signal
 import socket
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from perfmon import _api, paths
-from perfmon.agent import own_threads
+from perfmon.agent import own_threads, sigterm
 from perfmon.agent.runtime import Agent
 
 
@@ -92,7 +91,8 @@ def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | N
         install_hooks(agent)
     else:
         sys.meta_path.insert(0, _TorchImportHook(agent))
-    _install_sigterm(agent)
+    sigterm.install(agent, finish_agent)
+    sigterm.install_self_kill(agent, finish_agent)
     _install_os_exit(agent)
     own_threads.hide()
     return agent
@@ -185,29 +185,6 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _install_sigterm(agent: Agent) -> None:
-    """On SIGTERM (when the script installs no handler of its own) record the exit, then die of it."""
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if signal.getsignal(signal.SIGTERM) is not handler:
-            # the script installed a handler of its own that calls the one it found (PyTorch Lightning's signal
-            # connector chains it): under plain python it found SIG_DFL and called nothing, so neither does this;
-            # the script stops as it means to, and its exit is recorded then
-            return
-        if agent.defer_while_publishing(lambda: handler(signum, frame)):
-            return  # it landed inside publish(): finish when that returns, or the publisher's steps are lost
-        finish_agent(agent, {"code": None, "signal": "SIGTERM", "exception": None, "traceback": None})
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        pass
-
-
 def _install_os_exit(agent: Agent) -> None:
     """``os._exit(code)`` runs no ``finally`` and no ``atexit``: scripts call it to skip a slow teardown (the end of
     many distributed jobs) or from a watchdog. In the process the agent started in, the steps so far and the exit
@@ -235,6 +212,8 @@ def forget_inherited(agent: Agent) -> None:
     try:
         if agent.instrumentation is not None:
             agent.instrumentation.uninstall()
+        sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _TorchImportHook) and f.agent is agent)]
+        sigterm.reset_inherited()
     except Exception as exc:  # noqa: BLE001 - the child's own agent starts regardless
         print(f"perfmon: could not lift the parent's hooks ({exc})", file=sys.stderr)
     _api.set_agent(None)

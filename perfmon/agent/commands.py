@@ -38,6 +38,17 @@ def _dispatch_modes() -> list[Any] | None:
     return list(_get_current_dispatch_mode_stack())
 
 
+def _release_trackers(counter: Any) -> None:
+    """A FlopCounterMode left without its ``__exit__`` (its mode is not perfmon's to pop): its module tracker's
+    global forward hooks go all the same (torch >= 2.5 has one)."""
+    tracker = getattr(counter, "mod_tracker", None)
+    if tracker is not None:
+        try:
+            tracker.__exit__()
+        except Exception:  # noqa: BLE001, S110 - nothing more to release
+            pass
+
+
 def _stack_entry(counter: Any) -> Any:
     """What a FlopCounterMode puts on the dispatch mode stack: an inner mode (torch >= 2.5), or itself."""
     return getattr(counter, "mode", None) or counter
@@ -76,6 +87,7 @@ class Commands(CommandFields):
         self.script_profilers = ScriptProfilers(self._give_way)
         self._flops_waited = 0  # step ends a FLOP count has waited for the script's own dispatch mode to end
         self._window_answer: Answer = lambda r: None
+        self._window_thread: int | None = None  # the thread that drives the open window: the training thread
         self._said_give_way = False
         if self.count_flops_at_start:
             # not at the first boundary: a loop is learned over its first steps, and without a DataLoader the first
@@ -235,6 +247,7 @@ class Commands(CommandFields):
         window.start()
         self.window = window
         self._window_answer = answer
+        self._window_thread = threading.get_ident()
         self.agent.publish(protocol.message("event", kind="profile_started", reason=reason,
                                             steps=window.total, t=time.time()))
         self._window_event("started", "profile")
@@ -252,6 +265,9 @@ class Commands(CommandFields):
             return
         self._start_window("on demand", answer)
 
+    def _do_give_way(self, command: Command | None, answer: Answer) -> None:
+        self._give_way()
+
     def _warn_unless_ok(self, result: dict[str, Any]) -> None:
         """The answer to what perfmon asked of itself (the FLOP count at start): nobody reads it, so a failure is
         a warning."""
@@ -259,8 +275,15 @@ class Commands(CommandFields):
             self.agent.warn(str(result.get("message")))
 
     def _give_way(self) -> None:
-        """The script opens a profiler session of its own: perfmon's open window stops first, its trace dropped
-        (on the thread that opens it: the training thread, as a rule, where the windows run too)."""
+        """The script opens a profiler session of its own: perfmon's open window stops first, its trace dropped.
+        On the training thread, where the windows run (the script's session opens there, as a rule); one opened on
+        another thread has the window stopped at the training thread's next step end (a profiler is driven from
+        the thread that started it)."""
+        if self.window is not None and threading.get_ident() != self._window_thread:
+            with self._lock:
+                self._queue.append(("give_way", None, lambda r: None))
+                self.pending = True
+            return
         window, self.window = self.window, None
         if window is None:
             return
@@ -334,6 +357,7 @@ class Commands(CommandFields):
         self.flops_mode = None
         self._window_event("stopped", "flops")
         if stack is not None and entry not in stack:  # popped by the script's mode exit: popping would pop another
+            _release_trackers(mode)
             answer({"ok": False, "done": True, "message": FLOPS_BESIDE_MODE})
             return
         mode.__exit__(None, None, None)
@@ -359,6 +383,8 @@ class Commands(CommandFields):
             try:
                 if stack is None or (stack and stack[-1] is _stack_entry(mode)):  # else it would pop another
                     mode.__exit__(None, None, None)
+                else:
+                    _release_trackers(mode)
             except Exception:  # noqa: BLE001
                 pass
             self.flops_mode = None

@@ -24,6 +24,8 @@ import contextlib
 import functools
 import gc
 import importlib
+import os
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from threading import get_ident
@@ -88,19 +90,31 @@ def _compiling() -> Callable[[], bool]:
 
 
 def _script_target(proc: Any) -> str | None:
-    """The name of what a ``multiprocessing`` process runs, where the script wrote it; None for the machinery's
-    own (DataLoader workers, pools, managers, torch.multiprocessing.spawn, which has its own warning)."""
+    """The name of what a ``multiprocessing`` process runs, where the script wrote it (in the script, or in a module
+    beside it); None for what a library runs (DataLoader workers, pools, managers, joblib's workers, a builtin)."""
     target = getattr(proc, "_target", None)
+    while isinstance(target, functools.partial):
+        target = target.func
     if target is None:  # a Process subclass with its own run()
         cls = type(proc)
-        return None if cls.__module__.split(".")[0] in _MACHINERY else f"{cls.__qualname__}.run"
-    module = getattr(target, "__module__", None) or ""
-    if module.split(".")[0] in _MACHINERY:
+        return f"{cls.__qualname__}.run" if _the_scripts(cls.__module__) else None
+    if not _the_scripts(getattr(target, "__module__", None)):
         return None
     return getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or "its target"
 
 
-_MACHINERY = frozenset({"multiprocessing", "concurrent", "torch", "perfmon"})
+def _the_scripts(module_name: str | None) -> bool:
+    """``module_name`` is the script itself or a module in the script's folder (or below it)."""
+    if module_name in (None, ""):
+        return False
+    if module_name in ("__main__", "__mp_main__"):
+        return True
+    file = getattr(sys.modules.get(module_name), "__file__", None)
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not file or not main:
+        return False
+    folder = os.path.dirname(os.path.abspath(main))
+    return os.path.abspath(file).startswith(folder + os.sep) and "site-packages" not in file
 
 
 class Instrumentation:

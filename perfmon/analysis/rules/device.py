@@ -5,7 +5,8 @@ from __future__ import annotations
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
 
 
-@rule("device-underused", "GPU busy < 50% of a profiler window, or NVML utilization < 90%, with data share <= 10%")
+@rule("device-underused", "GPU busy < 50% of a profiler window, or NVML utilization < 90%, with data share <= 10%",
+      reads_steps=True)
 def device_underused(f: Facts, cfg: Config) -> Finding | None:
     if not f.gpus or f.shares["data"] > cfg.data_warn:
         return None
