@@ -214,6 +214,8 @@ def test_scripts_own_profiler_comes_first(env, tmp_path, every):
     recorded = events(p.run)
     warnings = [m["message"] for m in recorded if m.get("kind") == "warning"]
     assert any("runs its own torch.profiler" in w for w in warnings), warnings
+    # a window started inside the script's emit_itt ranges raised in the agent and ended the script's session
+    assert [m["agent_errors"] for m in recorded if m.get("kind") == "exit"] == [{}]
     # windows ran where the script's profiler was closed: after its scheduled session, and after its block
     windows = sorted(m["step"] for m in recorded if m.get("type") == "profile" and m.get("trace"))
     assert any(12 <= s < 20 for s in windows) and any(s >= 24 for s in windows), windows

@@ -1,6 +1,7 @@
 """A loop that profiles itself, as the PyTorch profiler recipe and Lightning's PyTorchProfiler do: a scheduled
 torch.profiler session over the first steps (``schedule(wait, warmup, active, repeat)`` and an ``on_trace_ready``
-that reads ``key_averages()``), later a ``with torch.profiler.profile()`` block around a few steps, and a legacy
+that reads ``key_averages()``), later a ``with torch.profiler.profile()`` block around a few steps, ``emit_itt``
+ranges (VTune's; ``emit_nvtx`` is Nsight Systems'), and a legacy
 ``torch.autograd.profiler.profile(enabled=args.profile)`` switched off, as scripts leave it. The script checks its
 own results: a profile that comes back without the model's matmuls fails it (exit 3)."""
 
@@ -52,6 +53,10 @@ def main():
         for _ in range(4):
             train_step()
     truth["block_ops"] = int(any(e.key == "aten::addmm" for e in block.key_averages()))
+    # 3b. ranges for Intel VTune around a few steps (emit_nvtx, for Nsight Systems, holds the profiler the same way)
+    with torch.autograd.profiler.emit_itt():
+        for _ in range(6):
+            train_step()
     # 4. the rest, under a legacy profiler left switched off
     with torch.autograd.profiler.profile(enabled=args.profile):
         while truth["steps"] < args.steps:

@@ -678,7 +678,8 @@ class Instrumentation:
     def _patch_profiler(self) -> None:
         """The script's own profiler sessions, for perfmon's windows to give way to (``agent.profiler_guard``):
         every torch.profiler session runs on a legacy profiler object, from its ``_prepare_trace`` to its
-        ``__exit__``."""
+        ``__exit__``; ``emit_nvtx`` (ranges for Nsight Systems) and ``emit_itt`` (VTune) hold the profiler from
+        their ``__enter__``, where enabled."""
         guard = getattr(self.commands, "script_profilers", None)
         if guard is None:
             return
@@ -686,10 +687,11 @@ class Instrumentation:
 
         def opening(orig: Callable) -> Callable:
             def _prepare_trace(prof: Any, *args: Any, **kwargs: Any) -> Any:
-                try:
-                    guard.opening(prof)
-                except Exception as exc:  # noqa: BLE001 - the script's profiler starts whatever perfmon's does
-                    self._on_error("profiler", exc)
+                if getattr(prof, "enabled", True):
+                    try:
+                        guard.opening(prof)
+                    except Exception as exc:  # noqa: BLE001 - the script's profiler starts whatever perfmon's does
+                        self._on_error("profiler", exc)
                 return orig(prof, *args, **kwargs)
 
             return _prepare_trace
@@ -705,6 +707,11 @@ class Instrumentation:
 
         self._patch(legacy.profile, "_prepare_trace", opening)
         self._patch(legacy.profile, "__exit__", closing)
+        for name in ("emit_nvtx", "emit_itt"):
+            annotations = getattr(legacy, name, None)
+            if annotations is not None:
+                self._patch(annotations, "__enter__", opening)
+                self._patch(annotations, "__exit__", closing)
 
     # -- module __call__ wrappers: discovery, then the roots' classes ---------------------------
     def _wrap_call(self, cls: type, make: Callable[[Callable], Callable]) -> None:
