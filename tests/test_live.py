@@ -257,7 +257,7 @@ SIGTERM_INSIDE_PUBLISH = """
 import os, signal, sys, time
 from pathlib import Path
 from perfmon import protocol
-from perfmon.agent import bootstrap, sigterm
+from perfmon.agent import bootstrap, exits
 from perfmon.agent.runtime import Agent
 from perfmon.agent.steps import BEGIN, BOUNDARY, END, OPTIMIZER_CREATED
 
@@ -265,7 +265,7 @@ run = Path(sys.argv[1])
 agent = Agent(run, {"script": "t.py", "argv": ["t.py"], "pid": os.getpid(), "start": 1.0}, tick=0.05,
               sample_interval=None)
 agent.start()
-sigterm.install(agent, bootstrap.finish_agent)
+exits.install_sigterm(agent, bootstrap.finish_agent)
 agent.events.append((OPTIMIZER_CREATED, 0.0, None, None))
 t = 1.0
 for i in range(2000):

@@ -15,10 +15,10 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from perfmon import _api, paths
-from perfmon.agent import own_threads, sigterm
+from perfmon.agent import exits, own_threads
 from perfmon.agent.runtime import Agent
 
 
@@ -91,9 +91,9 @@ def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | N
         install_hooks(agent)
     else:
         sys.meta_path.insert(0, _TorchImportHook(agent))
-    sigterm.install(agent, finish_agent)
-    sigterm.install_self_kill(agent, finish_agent)
-    _install_os_exit(agent)
+    exits.install_sigterm(agent, finish_agent)
+    exits.install_self_kill(agent, finish_agent)
+    exits.install_os_exit(agent, finish_agent)
     own_threads.hide()
     return agent
 
@@ -185,27 +185,6 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _install_os_exit(agent: Agent) -> None:
-    """``os._exit(code)`` runs no ``finally`` and no ``atexit``: scripts call it to skip a slow teardown (the end of
-    many distributed jobs) or from a watchdog. In the process the agent started in, the steps so far and the exit
-    are recorded first; a forked child (a DataLoader worker, ``multiprocessing``) leaves with it too and stays
-    silent, as does a call that python itself would refuse (not an int)."""
-    real = os._exit
-    pid = os.getpid()
-
-    def _exit(code: int) -> NoReturn:
-        if isinstance(code, int) and os.getpid() == pid:
-            os._exit = real
-            try:
-                finish_agent(agent, {"code": code, "signal": None, "exception": None, "traceback": None})
-            except BaseException:  # noqa: BLE001, S110 - the script asked to leave now: nothing may stop it
-                pass
-        real(code)
-
-    _exit.__doc__, _exit.__name__, _exit.__qualname__ = real.__doc__, real.__name__, real.__qualname__
-    os._exit = _exit
-
-
 def forget_inherited(agent: Agent) -> None:
     """In a forked child that starts an agent of its own: lift the patches of the parent's agent, which came along
     with the fork (silenced, its threads gone), so that the child's own hooks are the only ones."""
@@ -213,7 +192,7 @@ def forget_inherited(agent: Agent) -> None:
         if agent.instrumentation is not None:
             agent.instrumentation.uninstall()
         sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _TorchImportHook) and f.agent is agent)]
-        sigterm.reset_inherited()
+        exits.reset_inherited()
     except Exception as exc:  # noqa: BLE001 - the child's own agent starts regardless
         print(f"perfmon: could not lift the parent's hooks ({exc})", file=sys.stderr)
     _api.set_agent(None)

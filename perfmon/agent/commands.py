@@ -49,9 +49,19 @@ def _release_trackers(counter: Any) -> None:
             pass
 
 
-def _stack_entry(counter: Any) -> Any:
-    """What a FlopCounterMode puts on the dispatch mode stack: an inner mode (torch >= 2.5), or itself."""
-    return getattr(counter, "mode", None) or counter
+def _close_counter(counter: Any) -> bool | None:
+    """End perfmon's FlopCounterMode where torch allows it (torch pops dispatch modes by position): True, popped
+    (it was innermost, or this torch has no stack to read); None, a mode of the script's is on above it (a later
+    step end); False, the script's own mode exit already popped it (its module trackers are released)."""
+    stack = _dispatch_modes()
+    entry = getattr(counter, "mode", None) or counter  # an inner mode (torch >= 2.5), or the counter itself
+    if stack is None or (stack and stack[-1] is entry):
+        counter.__exit__(None, None, None)
+        return True
+    if entry in stack:
+        return None
+    _release_trackers(counter)
+    return False
 
 
 class Commands(CommandFields):
@@ -116,15 +126,13 @@ class Commands(CommandFields):
             if self.memory is None:
                 from perfmon.agent.memory_history import MemorySnapshots
 
-                self.memory = MemorySnapshots(self.run_dir / "memory", lambda: self.agent.tracker.count,
+                self.memory = MemorySnapshots(self.run_dir / "memory", lambda: self.boundaries,
                                               self.agent.record_error)
             refusal = self.memory.check(command, queued=any(q[0] == name for q in self._queue))
             if refusal is not None:
                 answer(refusal)
                 return
-            with self._lock:
-                self._queue.append((name, command, answer))
-                self.pending = True
+            self._at_next_step_end(name, command, answer)
             answer(self.memory.accepted(command))
             return
         if name == "export":
@@ -146,12 +154,16 @@ class Commands(CommandFields):
         if self.agent.instrumentation is None and name in ("profile", "count_flops"):
             answer({"ok": False, "done": True, "message": "torch is not imported yet"})
             return
-        with self._lock:
-            self._queue.append((name, command, answer))
-            self.pending = True
+        self._at_next_step_end(name, command, answer)
         at = command.at_step
         when = f"at step {at}" if at is not None and at > self.boundaries else "at the next step boundary"
         answer({"ok": True, "done": False, "message": f"{name}: starts {when}"})
+
+    def _at_next_step_end(self, name: str, command: Command | None, answer: Answer) -> None:
+        """Run ``_do_<name>`` on the training thread at its next step end (any thread may ask)."""
+        with self._lock:
+            self._queue.append((name, command, answer))
+            self.pending = True
 
     def refresh_torch_threads(self) -> None:
         """Have the training thread read torch's thread count at its next step end (the sampler asks)."""
@@ -280,9 +292,7 @@ class Commands(CommandFields):
         another thread has the window stopped at the training thread's next step end (a profiler is driven from
         the thread that started it)."""
         if self.window is not None and threading.get_ident() != self._window_thread:
-            with self._lock:
-                self._queue.append(("give_way", None, lambda r: None))
-                self.pending = True
+            self._at_next_step_end("give_way", None, lambda r: None)
             return
         window, self.window = self.window, None
         if window is None:
@@ -339,9 +349,7 @@ class Commands(CommandFields):
             if self._flops_waited > FLOPS_WAIT_STEPS:
                 answer({"ok": False, "done": True, "message": FLOPS_BESIDE_MODE})
                 return
-            with self._lock:  # at the next step end
-                self._queue.append(("count_flops", command, answer))
-                self.pending = True
+            self._at_next_step_end("count_flops", command, answer)
             return
         self._flops_waited = 0
         mode = FlopCounterMode(display=False)
@@ -351,16 +359,14 @@ class Commands(CommandFields):
 
     def _finish_flops(self) -> None:
         mode, answer, started = self.flops_mode
-        stack, entry = _dispatch_modes(), _stack_entry(mode)
-        if stack is not None and entry in stack and stack[-1] is not entry:
+        closed = _close_counter(mode)
+        if closed is None:
             return  # the script entered a mode of its own after perfmon's and is still in it: a later step end
         self.flops_mode = None
         self._window_event("stopped", "flops")
-        if stack is not None and entry not in stack:  # popped by the script's mode exit: popping would pop another
-            _release_trackers(mode)
+        if not closed:
             answer({"ok": False, "done": True, "message": FLOPS_BESIDE_MODE})
             return
-        mode.__exit__(None, None, None)
         flops = int(mode.get_total_flops()) // max(1, self.boundaries - started)  # steps it spanned (1 as a rule)
         self.agent.publish(protocol.message("model", flops_per_step=flops, flops_counted_at=time.time()))
         answer({"ok": True, "done": True, "flops_per_step": flops, "message": f"FLOPs per step: {flops:,}"})
@@ -379,11 +385,8 @@ class Commands(CommandFields):
             self.window = None
         if self.flops_mode is not None:
             mode = self.flops_mode[0]
-            stack = _dispatch_modes()
             try:
-                if stack is None or (stack and stack[-1] is _stack_entry(mode)):  # else it would pop another
-                    mode.__exit__(None, None, None)
-                else:
+                if _close_counter(mode) is None:  # under a mode of the script's: not perfmon's to pop
                     _release_trackers(mode)
             except Exception:  # noqa: BLE001
                 pass

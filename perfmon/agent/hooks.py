@@ -141,6 +141,7 @@ class Instrumentation:
         #: discovery started again after the first: it ends at a step end once it found a new root (or gave up)
         self._rediscovery_steps: int | None = None
         self._root_params: set[int] = set()  # ids of the roots' parameters, as last counted
+        self._said: set[str] = set()  # what the once-a-process warnings have said
         self._root_refs: dict[int, weakref.ref[torch.nn.Module]] = {}
         self._roots: list[weakref.ref[torch.nn.Module]] = []
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -543,25 +544,35 @@ class Instrumentation:
         self._rediscovery_steps = _REDISCOVERY_STEPS
         self._start_discovery()
 
+    def _say_once(self, topic: str, text: Callable[[], str | None]) -> None:
+        """A warning about ``topic``, once a process: ``text()`` says what (None: nothing to say, ask next time).
+        Never raises into the script's call it is made from."""
+        if topic in self._said:
+            return
+        try:
+            said = text()
+        except Exception as exc:  # noqa: BLE001 - never into training
+            self._on_error(f"hooks:{topic}", exc)
+            return
+        if said is not None:
+            self._said.add(topic)
+            self._warn(said)
+
     def _patch_spawn(self) -> None:
         """``torch.multiprocessing.spawn`` (the DDP tutorial's launcher) trains in fresh processes that perfmon does
         not follow: say so once, with what does follow them, instead of a run that simply shows no steps."""
         spawn_mod = importlib.import_module("torch.multiprocessing.spawn")  # the name, not torch.multiprocessing.spawn()
-        said: list[bool] = []
+
+        def said(fn: Any, nprocs: int) -> str:
+            name = getattr(fn, "__name__", "its function")
+            return (f"torch.multiprocessing started {nprocs} process(es) running {name}(): perfmon follows this "
+                    "process only, so their steps are not recorded here. To monitor them, start the ranks with "
+                    f"`perfmon torchrun` instead, or call perfmon.instrument() at the top of {name}() (a recording "
+                    "per process, listed by `perfmon ls`)")
 
         def make(orig: Callable) -> Callable:
             def start_processes(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:
-                if not said:
-                    said.append(True)
-                    try:
-                        name = getattr(fn, "__name__", "its function")
-                        self._warn(f"torch.multiprocessing started {nprocs} process(es) running {name}(): perfmon "
-                                   "follows this process only, so their steps are not recorded here. To monitor "
-                                   "them, start the ranks with `perfmon torchrun` instead, or call "
-                                   f"perfmon.instrument() at the top of {name}() (a recording per process, listed "
-                                   "by `perfmon ls`)")
-                    except Exception as exc:  # noqa: BLE001 - never into training
-                        self._on_error("hooks:spawn", exc)
+                self._say_once("spawn", lambda: said(fn, nprocs))
                 return orig(fn, args, nprocs, *rest, **kwargs)
 
             return start_processes
@@ -577,21 +588,18 @@ class Instrumentation:
         steps and a hint about custom loops. A process the script starts before any step of its own, with a target
         of its own (not a DataLoader worker, a pool's or a manager's), gets a warning once."""
         process_mod = importlib.import_module("multiprocessing.process")
-        said: list[bool] = []
+
+        def said(proc: Any) -> str | None:
+            name = _script_target(proc)
+            return None if name is None else (
+                f"the script started a process running {name}() before any training step of its own: perfmon "
+                "follows this process only, so if that one trains, its steps are not recorded here. To monitor it, "
+                f"call perfmon.instrument() at the top of {name}() (a recording of its own, listed by `perfmon ls`)")
 
         def make(orig: Callable) -> Callable:
             def start(proc: Any) -> Any:
-                if not said and not getattr(self.commands, "boundaries", 0):
-                    try:
-                        name = _script_target(proc)
-                        if name is not None:
-                            said.append(True)
-                            self._warn(f"the script started a process running {name}() before any training step "
-                                       "of its own: perfmon follows this process only, so if that one trains, its "
-                                       f"steps are not recorded here. To monitor it, call perfmon.instrument() at "
-                                       f"the top of {name}() (a recording of its own, listed by `perfmon ls`)")
-                    except Exception as exc:  # noqa: BLE001 - never into training
-                        self._on_error("hooks:process", exc)
+                if not getattr(self.commands, "boundaries", 0):
+                    self._say_once("process", lambda: said(proc))
                 return orig(proc)
 
             return start
@@ -605,24 +613,19 @@ class Instrumentation:
 
         if not dist.is_available() or not paths.launched_alone():
             return
-        said: list[bool] = []
+
+        def said() -> str | None:
+            world, rank = dist.get_world_size(), dist.get_rank()
+            return None if world <= 1 else (
+                f"torch.distributed: this process is rank {rank} of {world}, and perfmon follows this process "
+                f"only: the other {world - 1} rank(s) run without perfmon and their steps are not recorded. To "
+                f"monitor every rank, start the job with `perfmon torchrun --nproc_per_node {world} SCRIPT [ARGS]` "
+                "(PyTorch Lightning and accelerate take their ranks from torchrun's environment when they find it)")
 
         def make(orig: Callable) -> Callable:
             def init_process_group(*args: Any, **kwargs: Any) -> Any:
                 out = orig(*args, **kwargs)
-                if not said:
-                    said.append(True)
-                    try:
-                        world, rank = dist.get_world_size(), dist.get_rank()
-                        if world > 1:
-                            self._warn(f"torch.distributed: this process is rank {rank} of {world}, and perfmon "
-                                       f"follows this process only: the other {world - 1} rank(s) run without "
-                                       "perfmon and their steps are not recorded. To monitor every rank, start the "
-                                       f"job with `perfmon torchrun --nproc_per_node {world} SCRIPT [ARGS]` "
-                                       "(PyTorch Lightning and accelerate take their ranks from torchrun's "
-                                       "environment when they find it)")
-                    except Exception as exc:  # noqa: BLE001 - never into training
-                        self._on_error("hooks:distributed", exc)
+                self._say_once("distributed", said)
                 return out
 
             return init_process_group

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 
+from perfmon.agent.stand_in import replaced, stand_in
+
 PREFIX = "perfmon-"
 _enumerate = threading.enumerate  # the real list, whatever the script is shown
 
@@ -20,7 +22,7 @@ def native_ids() -> set[int]:
 
 def hide() -> None:
     """Show the script ``threading.enumerate()`` and ``active_count()`` without perfmon's threads."""
-    if getattr(threading.enumerate, "__perfmon_original__", None) is not None:
+    if replaced(threading.enumerate):
         return
 
     def enumerate() -> list[threading.Thread]:  # noqa: A001 - the name the script calls
@@ -29,9 +31,5 @@ def hide() -> None:
     def active_count() -> int:
         return len(enumerate())
 
-    for fake, real in ((enumerate, threading.enumerate), (active_count, threading.active_count)):
-        fake.__doc__, fake.__qualname__ = real.__doc__, real.__qualname__
-        fake.__module__ = real.__module__
-        fake.__perfmon_original__ = real  # type: ignore[attr-defined]
-    threading.enumerate = enumerate
-    threading.active_count = active_count
+    threading.active_count = stand_in(active_count, threading.active_count)
+    threading.enumerate = stand_in(enumerate, threading.enumerate)

@@ -1,7 +1,8 @@
-"""perfmon's SIGTERM handler in the job, and keeping it out of the script's sight.
+"""The ways a job ends that python's own exit does not see, each recorded before it happens: SIGTERM, the script
+killing itself with a signal, ``os._exit``.
 
-Installed only when the script has none at start: on SIGTERM it records the steps so far and the exit, then dies of
-the signal as python would. The script never sees it: ``signal.getsignal`` and the previous handler that
+perfmon's SIGTERM handler is installed only when the script has none at start: on SIGTERM it records the steps so
+far and the exit, then dies of the signal as python would. The script never sees it: ``signal.getsignal`` and the previous handler that
 ``signal.signal`` returns read SIG_DFL while it is perfmon's, as under plain python. A handler that chains the one it
 found (PyTorch Lightning's signal connector) therefore chains nothing, and one that restores SIG_DFL and kills itself
 dies as it means to. A forked child that inherited it (a DataLoader worker, a ``multiprocessing`` process) dies of
@@ -13,13 +14,11 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
+
+from perfmon.agent.stand_in import original, replaced, stand_in
 
 _MARK = "__perfmon_sigterm__"
-
-
-def _real(fn: Any) -> Any:
-    return getattr(fn, "__perfmon_original__", fn)
 
 
 def is_perfmon(handler: Any) -> bool:
@@ -27,9 +26,9 @@ def is_perfmon(handler: Any) -> bool:
     return getattr(handler, _MARK, False)
 
 
-def install(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -> None:
+def install_sigterm(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -> None:
     """On SIGTERM, when the script has no handler of its own: ``finish(agent, exit_info)``, then die of it."""
-    current = _real(signal.getsignal)(signal.SIGTERM)
+    current = original(signal.getsignal)(signal.SIGTERM)
     if current is not signal.SIG_DFL and not is_perfmon(current):
         return
 
@@ -37,7 +36,7 @@ def install(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -> None:
         if os.getpid() != agent.pid:  # a forked child that inherited it: what SIG_DFL does
             _die()
             return
-        if _real(signal.getsignal)(signal.SIGTERM) is not handler:
+        if original(signal.getsignal)(signal.SIGTERM) is not handler:
             return  # called by a handler that held on to it somehow: under plain python there was nothing to call
         if agent.defer_while_publishing(lambda: handler(signum, frame)):
             return  # it landed inside publish(): finish when that returns, or the publisher's steps are lost
@@ -46,7 +45,7 @@ def install(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -> None:
 
     setattr(handler, _MARK, True)
     try:
-        _real(signal.signal)(signal.SIGTERM, handler)
+        original(signal.signal)(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
         return
     _hide()
@@ -62,44 +61,57 @@ def install_self_kill(agent: Any, finish: Callable[[Any, dict[str, Any]], None])
     """A script that kills itself with a signal it left at SIG_DFL (a preemption handler that restores SIG_DFL and
     signals itself again, as chaining code does when it found no handler to call) dies at once, as under plain
     python; its steps so far and the exit are recorded first, as for ``os._exit``."""
-    if getattr(os.kill, "__perfmon_original__", None) is not None and os.getpid() == getattr(
-            os.kill, "__perfmon_pid__", None):
-        return
-    real_kill = _real(os.kill)
+    real_kill = original(os.kill)
 
     def kill(pid: int, sig: int) -> None:
         if pid in (0, os.getpid()) and os.getpid() == agent.pid:
             try:
-                if sig in _FATAL and _real(signal.getsignal)(sig) is signal.SIG_DFL:
-                    name = signal.Signals(sig).name
-                    finish(agent, {"code": None, "signal": name, "exception": None, "traceback": None})
+                if sig in _FATAL and original(signal.getsignal)(sig) is signal.SIG_DFL:
+                    finish(agent, {"code": None, "signal": signal.Signals(sig).name, "exception": None,
+                                   "traceback": None})
             except Exception:  # noqa: BLE001, S110 - the script asked to die now: nothing may stop it
                 pass
         real_kill(pid, sig)
 
-    kill.__doc__, kill.__name__, kill.__qualname__ = real_kill.__doc__, real_kill.__name__, real_kill.__qualname__
-    kill.__perfmon_original__ = real_kill  # type: ignore[attr-defined]
-    kill.__perfmon_pid__ = os.getpid()  # type: ignore[attr-defined]
-    os.kill = kill
+    os.kill = stand_in(kill, real_kill)
+
+
+def install_os_exit(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -> None:
+    """``os._exit(code)`` runs no ``finally`` and no ``atexit``: scripts call it to skip a slow teardown (the end of
+    many distributed jobs) or from a watchdog. In the process the agent started in, the steps so far and the exit
+    are recorded first; a forked child (a DataLoader worker, ``multiprocessing``) leaves with it too and stays
+    silent, as does a call that python itself would refuse (not an int)."""
+    real_exit = original(os._exit)
+
+    def _exit(code: int) -> NoReturn:
+        if isinstance(code, int) and os.getpid() == agent.pid:
+            os._exit = real_exit
+            try:
+                finish(agent, {"code": code, "signal": None, "exception": None, "traceback": None})
+            except BaseException:  # noqa: BLE001, S110 - the script asked to leave now: nothing may stop it
+                pass
+        real_exit(code)
+
+    os._exit = stand_in(_exit, real_exit)
 
 
 def reset_inherited() -> None:
     """In a forked child starting an agent of its own: the inherited handler goes (the child's own replaces it)."""
-    if is_perfmon(_real(signal.getsignal)(signal.SIGTERM)):
+    if is_perfmon(original(signal.getsignal)(signal.SIGTERM)):
         try:
-            _real(signal.signal)(signal.SIGTERM, signal.SIG_DFL)
+            original(signal.signal)(signal.SIGTERM, signal.SIG_DFL)
         except ValueError:  # not the main thread
             pass
 
 
 def _die() -> None:
-    _real(signal.signal)(signal.SIGTERM, signal.SIG_DFL)
-    _real(os.kill)(os.getpid(), signal.SIGTERM)
+    original(signal.signal)(signal.SIGTERM, signal.SIG_DFL)
+    original(os.kill)(os.getpid(), signal.SIGTERM)
 
 
 def _hide() -> None:
     """``signal.getsignal`` and ``signal.signal`` report SIG_DFL where perfmon's handler is."""
-    if getattr(signal.getsignal, "__perfmon_original__", None) is not None:
+    if replaced(signal.getsignal):
         return
     real_get, real_set = signal.getsignal, signal.signal
 
@@ -111,9 +123,5 @@ def _hide() -> None:
         previous = real_set(signalnum, handler)
         return signal.SIG_DFL if is_perfmon(previous) else previous
 
-    for fake, real in ((getsignal, real_get), (signal_, real_set)):
-        fake.__doc__, fake.__name__, fake.__qualname__ = real.__doc__, real.__name__, real.__qualname__
-        fake.__module__ = real.__module__
-        fake.__perfmon_original__ = real  # type: ignore[attr-defined]
-    signal.getsignal = getsignal
-    signal.signal = signal_
+    signal.getsignal = stand_in(getsignal, real_get)
+    signal.signal = stand_in(signal_, real_set)
