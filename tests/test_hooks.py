@@ -149,6 +149,36 @@ def test_optimizer_built_before_instrumentation_is_found_and_steps_are_exact():
     assert rec.boundaries == 5  # one per step (the last at its update), never one per backward
 
 
+def test_an_optimizer_that_died_in_a_cycle_before_instrumentation_does_not_count():
+    """gc.get_objects() returns garbage not yet collected: a dead optimizer must not turn a loop with manual updates
+    (where each backward ends a step) into one whose backwards never end a step."""
+    import gc
+
+    gc.collect()
+    gc.disable()  # the cycle below stays uncollected until the hooks look
+    try:
+        dead = torch.optim.SGD(mlp().parameters(), lr=0.1)
+        dead.me = dead
+        del dead
+        rec = Recorder()
+        inst = Instrumentation(rec.emit, lambda *a: None)
+        inst.install()
+    finally:
+        gc.enable()
+    try:
+        assert not inst.optimizers and not inst.bounds.optimizers_seen
+        model = mlp()
+        for x in DataLoader(torch.randn(10, 4), batch_size=2):
+            model(x).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+                    p.grad = None
+    finally:
+        inst.uninstall()
+    assert rec.steps() == 5
+
+
 def test_commands_see_one_boundary_per_gan_batch(hooks):
     inst, rec = hooks
     netD, netG = mlp(), nn.Sequential(nn.Linear(4, 4))

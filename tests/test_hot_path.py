@@ -489,12 +489,19 @@ def test_c_hooks_leak_nothing_per_step():
             gc.collect()
 
         epoch()
-        before = sys.getallocatedblocks()
-        epoch()
-        grown = sys.getallocatedblocks() - before
+        growth = []
+        # A forgotten reference leaves >= 1,000 blocks behind every epoch. A thread another test left running can
+        # allocate a few hundred during one (the suite on a loaded machine): the epoch is measured up to three
+        # times, and a leak fails all three.
+        for _ in range(3):
+            before = sys.getallocatedblocks()
+            epoch()
+            growth.append(sys.getallocatedblocks() - before)
+            if growth[-1] < 300:
+                break
     finally:
         inst.uninstall()
-    assert grown < 300, f"{grown} blocks more after 1,000 steps"
+    assert min(growth) < 300, f"blocks more after each epoch of 1,000 steps: {growth}"
 
 
 @pytest.mark.parametrize("maxlen, appends", [(1, 3), (4, 4), (4, 11), (3000, 5000), (5000, 2500)])

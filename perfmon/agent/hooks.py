@@ -636,9 +636,17 @@ class Instrumentation:
         """``perfmon.instrument()`` after the optimizer was built: find the ones that exist."""
         try:
             optimizer_cls = torch.optim.Optimizer
-            for obj in gc.get_objects():
+
+            def found() -> list[Any]:
                 # type(), not isinstance(): isinstance reads __class__, which some lazy objects answer with a warning
-                if issubclass(type(obj), optimizer_cls):
+                return [obj for obj in gc.get_objects() if issubclass(type(obj), optimizer_cls)]
+
+            if found():
+                # gc.get_objects() also returns garbage not yet collected: an optimizer that died in a reference
+                # cycle would read as "this loop has an optimizer" and stop a backward from ending a step of a
+                # loop with manual updates. One collection, only where there is a candidate.
+                gc.collect()
+                for obj in found():
                     self._note_optimizer(obj)
         except Exception as exc:  # noqa: BLE001
             self._on_error("hooks:optimizers", exc)
