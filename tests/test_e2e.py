@@ -250,6 +250,43 @@ def test_script_stdout_and_stderr_stay_apart(env, tmp_path):
     assert theirs == plain.stderr.splitlines(), res.stderr  # every line, in order
 
 
+STACK_SCRIPT = """
+import inspect, logging, sys, traceback
+import torch
+logging.basicConfig(format="%(levelname)s %(message)s")
+
+
+def report_stack():
+    traceback.print_stack(file=sys.stdout)
+    print([(f.function, f.lineno) for f in inspect.stack()])
+    logging.warning("from here", stack_info=True)
+
+
+report_stack()
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(3):
+    with torch.autograd.detect_anomaly():  # a NaN in the backward names the forward line that made it
+        loss = model(torch.randn(4, 2)).sum() * (float("nan") if i == 2 else 1.0)
+        try:
+            loss.backward()
+        except RuntimeError as exc:
+            print("caught:", exc)
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_the_script_sees_its_own_stack_as_under_plain_python(env, tmp_path):
+    """Stacks printed while the script runs (traceback.print_stack, inspect.stack, logging's stack_info, autograd's
+    anomaly mode) end at the script's module frame, as under plain python: no frame of perfmon's launcher below."""
+    plain, res, run = plain_and_headless(STACK_SCRIPT, "stack.py", env, tmp_path)
+    assert plain.returncode == res.returncode == 0, res.stderr
+    assert "Traceback of forward call" in plain.stderr and "caught:" in plain.stdout
+    assert res.stdout == plain.stdout
+    assert (run / "stderr.log").read_text() == plain.stderr
+
+
 STDIN_SCRIPT = """
 import sys
 import torch

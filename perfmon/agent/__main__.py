@@ -19,7 +19,7 @@ import zipfile
 from types import TracebackType
 
 from perfmon import protocol
-from perfmon.agent import bootstrap
+from perfmon.agent import bootstrap, own_frames
 
 USAGE = "usage: python -m perfmon.agent [-m MODULE | SCRIPT] [ARGS...]"
 
@@ -108,6 +108,9 @@ def main(argv: list[str]) -> int:
     # Registered before the script runs, so it runs last: after python has stopped the executors the script left
     # open, waited for its non-daemon threads (training may run in one) and run the script's own atexit handlers.
     atexit.register(_at_exit, agent, exit_info)
+    # runpy's _run_module_code runs a module (-m) or a directory's __main__.py: python's own -m shows _run_code
+    # above it too
+    own_frames.hide([run_script.__code__, main.__code__, runpy._run_module_code.__code__])
     try:
         if module is not None:
             sys.argv = [module, *rest]  # run_module replaces argv[0] with the module's file
