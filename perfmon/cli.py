@@ -49,6 +49,9 @@ def _run_parser() -> _Parser:
     p.add_argument("--profile-interval", type=float, metavar="S", help="capture a profiler window every S seconds")
     p.add_argument("--profile-schedule", default="1,1,3", metavar="W,U,A",
                    help="profiler window: wait, warmup, active steps (default 1,1,3)")
+    p.add_argument("--profile-memory", action="store_true",
+                   help="profiler windows also record allocations (the trace's memory view; torch then prints a "
+                   "warning line into the script's stderr)")
     p.add_argument("--count-flops", action="store_true", help="count one step's FLOPs at start (for MFU)")
     p.add_argument("--peak-tflops", type=float, metavar="T", help="device peak TFLOP/s for MFU (default: from a table of GPUs)")
     p.add_argument("--no-window-peaks", action="store_true",
@@ -208,6 +211,8 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
         env["PERFMON_PROFILE_INTERVAL"] = str(args.profile_interval)
     if args.count_flops:
         env["PERFMON_COUNT_FLOPS"] = "1"
+    if args.profile_memory:
+        env["PERFMON_PROFILE_MEMORY"] = "1"
     if args.peak_tflops:
         env["PERFMON_PEAK_TFLOPS"] = str(args.peak_tflops)
     if args.no_window_peaks:

@@ -109,9 +109,13 @@ def exception_line(text: str | None) -> str | None:
     lines = [line for line in text.splitlines() if line.strip()]
     if len(lines) <= 1:
         return text.strip()
-    last = lines[-1].strip()
     m = re.match(r'\s*File "([^"]+)", line (\d+)', lines[0])
-    return f"{last} ({os.path.basename(m[1])} line {m[2]})" if m else last
+    if m:
+        return f"{lines[-1].strip()} ({os.path.basename(m[1])} line {m[2]})"
+    # A message of several lines (torch's often end in a URL or a hint; 3.11 notes follow it): its first line,
+    # and the next where the first only introduces it ("See:", a message that starts on a new line).
+    first = lines[0].strip()
+    return f"{first} {lines[1].strip()}" if first.endswith(":") else first
 
 
 def step_rows_to_dicts(msg: dict[str, Any]) -> list[dict[str, Any]]:

@@ -121,15 +121,17 @@ def test_count_flops_of_one_step(session):
 
 def test_periodic_windows_do_not_change_results(tmp_path):
     args = ["--steps", "60", "--log-every", "20", "--hidden", "256"]
-    plain = subprocess.run([sys.executable, str(DEMO), *args], capture_output=True, text=True, check=True).stdout
+    plain = subprocess.run([sys.executable, str(DEMO), *args], capture_output=True, text=True, check=True)
     run = tmp_path / "run"
     out = subprocess.run(
         [sys.executable, "-m", "perfmon.cli", "--headless", "--interval", "100", "--profile-every", "20",
          "--run-dir", str(run), str(DEMO), *args], capture_output=True, text=True, timeout=240,
     )
     assert out.returncode == 0, out.stderr
-    # the profiler itself may warn on stderr ("[W... CPUAllocator ...]"); the script's own output is identical
-    assert [ln for ln in out.stdout.splitlines() if not ln.startswith("[W")] == plain.splitlines()
+    assert out.stdout == plain.stdout
+    # nothing of the profiler's in the script's stderr either: with profile_memory, torch's CPU allocator wrote
+    # "[W... CPUAllocator.cpp] Memory block of unknown size..." there from the first window on
+    assert (run / "stderr.log").read_text() == plain.stderr
     report = json.loads(subprocess.run([sys.executable, "-m", "perfmon.cli", "report", str(run), "--json"],
                                        capture_output=True, text=True, check=True).stdout)
     assert len(report["profiles"]) >= 2
@@ -137,3 +139,28 @@ def test_periodic_windows_do_not_change_results(tmp_path):
         assert {"aten::addmm", "aten::mm"} & {op["name"] for op in prof["top_ops"]}
         assert "traceEvents" in json.loads(Path(prof["trace"]).read_text())
     assert not list((run / "traces").glob("*.tmp"))
+
+
+@pytest.mark.parametrize("profile_memory", [False, True], ids=["default", "profile_memory"])
+def test_a_window_records_allocations_only_when_asked(tmp_path, profile_memory):
+    """``--profile-memory``: the trace has the allocator's ``[memory]`` events; without it, none (and torch prints
+    nothing about blocks allocated before the window)."""
+    import torch
+
+    from perfmon.agent.profiler import ProfilerWindow
+
+    done = threading.Event()
+    published: list[dict | None] = []
+    errors: list[BaseException] = []
+    window = ProfilerWindow(tmp_path, 0, 1, 1, lambda: 0, lambda msg: (published.append(msg), done.set()),
+                            lambda where, exc: errors.append(exc), "test", profile_memory=profile_memory)
+    before = [torch.randn(64, 64) for _ in range(4)]  # made before the window, freed inside it
+    window.start()  # warm-up step
+    assert window.step() is False  # the active step
+    del before
+    (torch.randn(64, 64) @ torch.randn(64, 64)).sum()
+    assert window.step() is True  # stopped, and exported on a worker thread
+    assert done.wait(60) and not errors
+    events = json.loads(Path(published[0]["trace"]).read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)
+    assert any(e.get("name") == "[memory]" for e in events) is profile_memory

@@ -241,6 +241,15 @@ def test_time_series_memory_is_bounded_over_a_week():
     ('  File "/x/syn.py", line 2\n    x = (\n        ^\nSyntaxError: \'(\' was never closed\n',
      "SyntaxError: '(' was never closed (syn.py line 2)", "failed: SyntaxError (syn.py line 2)"),
     ("KeyError: 'a:b'", "KeyError: 'a:b'", "failed: KeyError"),
+    # messages of several lines: the first (and the next where the first ends in a colon), never the last
+    ("RuntimeError: Serialization of parametrized modules is only supported through state_dict(). See:\n"
+     "https://pytorch.org/tutorials/beginner/saving_loading_models.html\n",
+     "RuntimeError: Serialization of parametrized modules is only supported through state_dict(). See: "
+     "https://pytorch.org/tutorials/beginner/saving_loading_models.html", "failed: RuntimeError"),
+    ("ValueError: \nbad shape (4, 7)\n", "ValueError: bad shape (4, 7)", "failed: ValueError"),
+    ("torch._dynamo.exc.Unsupported: generator\n\nfrom user code:\n   File \"t.py\", line 3, in f\n",
+     "torch._dynamo.exc.Unsupported: generator", "failed: torch._dynamo.exc.Unsupported"),
+    ("AssertionError: loss went nan\nstep 4120 of epoch 3\n", "AssertionError: loss went nan", "failed: AssertionError"),
     ("torch.OutOfMemoryError: CUDA out of memory", "torch.OutOfMemoryError: CUDA out of memory",
      "failed: torch.OutOfMemoryError"),
 ])

@@ -151,6 +151,7 @@ def _profile_config() -> dict[str, Any]:
         "every": int(env.get("PERFMON_PROFILE_EVERY") or 0),
         "interval": float(env.get("PERFMON_PROFILE_INTERVAL") or 0),
         "count_flops": env.get("PERFMON_COUNT_FLOPS") == "1",
+        "profile_memory": env.get("PERFMON_PROFILE_MEMORY") == "1",
     }
 
 

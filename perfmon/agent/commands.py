@@ -75,6 +75,7 @@ class Commands(CommandFields):
         self.wait = int(config.get("wait", 1))
         self.warmup = int(config.get("warmup", 1))
         self.active = int(config.get("active", 3))
+        self.profile_memory = bool(config.get("profile_memory"))
         self.every = int(config.get("every") or 0)
         self.interval = float(config.get("interval") or 0)
         self.count_flops_at_start = bool(config.get("count_flops"))
@@ -255,7 +256,7 @@ class Commands(CommandFields):
 
         window = ProfilerWindow(self.run_dir / "traces", self.wait, self.warmup, self.active,
                                 lambda: self.boundaries, publish, self.agent.record_error, reason,
-                                self.script_profilers.own)
+                                self.script_profilers.own, self.profile_memory)
         window.start()
         self.window = window
         self._window_answer = answer

@@ -27,7 +27,8 @@ class ProfilerWindow:
 
     def __init__(self, traces_dir: Path, wait: int, warmup: int, active: int, step_index: Callable[[], int],
                  publish: Callable[[dict[str, Any] | None], None], on_error: Callable[[str, BaseException], None],
-                 reason: str, own: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
+                 reason: str, own: Callable[[], AbstractContextManager[None]] = nullcontext,
+                 profile_memory: bool = False) -> None:
         self.traces_dir = traces_dir
         self.wait, self.warmup, self.active = wait, warmup, active
         self.total = wait + warmup + active
@@ -35,6 +36,10 @@ class ProfilerWindow:
         self._publish = publish
         self._on_error = on_error
         self.reason = reason
+        # Off unless asked for: with it, torch's CPU allocator prints "Memory block of unknown size was allocated
+        # before the profiling started" into the script's stderr (C++, past any Python warning filter) whenever a
+        # window frees a tensor made before it, which is nearly every window of a training loop.
+        self.profile_memory = profile_memory
         self._own = own  # marks perfmon's own profiler calls: not the script's sessions (agent.profiler_guard)
         self.steps_done = 0
         self.started_step = step_index()
@@ -48,7 +53,7 @@ class ProfilerWindow:
         self.prof = torch.profiler.profile(
             activities=activities,
             schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
-            record_shapes=True, profile_memory=True, with_flops=True,
+            record_shapes=True, profile_memory=self.profile_memory, with_flops=True,
         )
         with self._own():
             self.prof.start()
