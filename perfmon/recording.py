@@ -14,6 +14,9 @@ from perfmon import paths, protocol
 from perfmon.messages.steps import parse_steps
 from perfmon.tail import Tail
 
+#: Bytes of a recording one read takes where it is followed or replayed: a long run's is never held whole.
+READ_CHUNK = 1 << 20
+
 
 class RecordingReader:
     """Reads the messages of a growing ``events.jsonl`` from where it left off (complete lines only)."""
@@ -30,10 +33,15 @@ class RecordingReader:
         return self.tail.offset
 
     def read_new(self, max_bytes: int = -1) -> list[dict[str, Any]]:
-        """Messages appended since the last call (at most about ``max_bytes`` of them);
-        a trailing partial line waits for its end."""
+        """Messages appended since the last call (at most about ``max_bytes`` of them, or the one line that
+        is longer); a trailing partial line waits for its end. Empty only where the file holds no new line."""
+        while True:
+            before = self.tail.offset
+            lines = self.tail.lines(max_bytes)
+            if lines or max_bytes < 0 or self.tail.offset == before:
+                break  # else the chunk was all the start of one long line: read on to its end
         out = []
-        for line in self.tail.lines(max_bytes):
+        for line in lines:
             if not line.strip():
                 continue
             try:

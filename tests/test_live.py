@@ -8,6 +8,7 @@ import socket
 import stat
 import threading
 import time
+import tracemalloc
 
 import pytest
 
@@ -637,3 +638,30 @@ def test_a_tick_goes_out_in_one_write_and_every_line_keeps_its_place(tmp_path, m
     agent.publish(protocol.message("event", **warning))  # outside a tick: at once
     assert len(recorded(agent)) == 7
     agent.recorder.close()
+
+
+def test_a_gap_is_filled_from_the_recording_a_bounded_chunk_at_a_time(tmp_path):
+    """A monitor stopped for a minute meets a gap of the whole backlog (hundreds of MB of recording at 20,000
+    steps/s): it is read a chunk at a time, never whole (it took GiBs), and still given out entirely, in order."""
+    run = tmp_path / "run"
+    run.mkdir()
+    n = 4000
+    with open(run / "events.jsonl", "wb") as f:
+        for seq in range(1, n + 1):
+            rows = [[seq * 50 + j, 1000.0 + j, 10.0, 1.0, 2.0, 3.0, 2.0, 2.0, 8] for j in range(50)]
+            f.write(protocol.encode(protocol.message("steps", fields=list(protocol.STEP_FIELDS), rows=rows, seq=seq)))
+    source = LiveSource(tmp_path / "no.sock", run)
+    source.BACKFILL_CHUNK = 1 << 16
+    assert (run / "events.jsonl").stat().st_size > 100 * source.BACKFILL_CHUNK
+    seqs = []
+    tracemalloc.start()
+    try:
+        for msg in source._backfill(n - 10):  # a gap up to seq n - 10: the rest is newer than asked
+            seqs.append(msg["seq"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert seqs == list(range(1, n - 9))
+    # decoded, the file's messages take ten times its size; a chunk's, well under it
+    assert peak < (run / "events.jsonl").stat().st_size / 2, f"{peak / 2**20:.0f} MiB held to fill the gap"
+    assert [m["seq"] for m in source._backfill(None)] == list(range(n - 9, n + 1))  # the rest, at the end

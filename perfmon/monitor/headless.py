@@ -27,20 +27,25 @@ from perfmon.tail import Tail
 class LogTail:
     """Copies new bytes of a growing file to a stream as they come (the script's own output, as is)."""
 
+    CHUNK = 1 << 20  # bytes held at a time (a monitor that was stopped meets all the script wrote meanwhile)
+
     def __init__(self, path: Path, out: BinaryIO) -> None:
-        self.tail = Tail(path)
+        self.tail = Tail(path, max_read=self.CHUNK)
         self.out = out
 
     def pump(self) -> int:
         """Copy what was appended since the last call; returns its size in bytes."""
-        data = self.tail.read()
-        if data:
+        total = 0
+        while data := self.tail.read():
+            total += len(data)
             try:
                 self.out.write(data)
                 self.out.flush()
             except (OSError, ValueError):
                 pass
-        return len(data)
+            if len(data) < self.CHUNK:
+                break
+        return total
 
 
 class ScriptOutput:

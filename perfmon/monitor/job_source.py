@@ -19,7 +19,7 @@ from perfmon.analysis.job import ATTEMPT_KEY, RANK_KEY
 from perfmon.analysis.profile_window import summarised
 from perfmon.messages.commands import Command
 from perfmon.monitor.sources import LiveSource, ReplaySource, Source, wait_for_socket
-from perfmon.recording import RecordingReader
+from perfmon.recording import READ_CHUNK, RecordingReader
 
 POLL_S = 0.25
 _DONE = object()
@@ -49,7 +49,7 @@ class _FollowedRecording(Source):
     def messages(self) -> Iterator[dict[str, Any]]:
         while not self._closed.is_set():
             alive = paths.pid_alive(self.pid)  # before the read: what it wrote before it ended is in this one
-            batch = self.reader.read_new()
+            batch = self.reader.read_new(READ_CHUNK)
             for msg in batch:
                 yield msg
                 if protocol.is_exit(msg):
