@@ -121,6 +121,43 @@ def test_unwritable_run_dir_stops_recording_once_and_training_goes_on(tmp_path, 
     assert a._seq >= 7  # hello, the 5 steps messages and the exit were still numbered and served
 
 
+def test_recording_leaves_the_last_of_the_disk_to_the_script(tmp_path, monkeypatch, capfd):
+    """Less free space than the reserve: the recording stops before it would fill the disk the script logs and saves
+    checkpoints to, says so once with the numbers, and the job is still served."""
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(tmp_path / "rt"))
+    free_mb = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize / 2**20
+    monkeypatch.setenv("PERFMON_DISK_RESERVE_MB", str(free_mb * 4 + 1024))  # the real free space, under the reserve
+    a = Agent(tmp_path / "run", {"script": "x", "pid": os.getpid(), "start": 0.0})
+    assert not a.recorder.active
+    a.start()
+    publish_steps(a, 1, 5)
+    a.finish({"code": 0})
+    err = capfd.readouterr().err
+    assert err.count("recording stopped") == 1 and "MiB left on the disk" in err and "training continues" in err
+    assert a._seq >= 7
+
+
+def test_recording_stops_when_the_disk_fills_up_while_it_writes(tmp_path, monkeypatch):
+    """The free space is looked at again every few MiB written (a stand-in for a disk that fills: statvfs answers
+    with less space from its second call on)."""
+    from types import SimpleNamespace
+
+    from perfmon.agent import recorder as recorder_mod
+
+    monkeypatch.setenv("PERFMON_DISK_RESERVE_MB", "100")
+    answers = iter([1000, 99])  # MiB free: plenty at the start, then under the reserve
+    monkeypatch.setattr(recorder_mod.os, "statvfs",
+                        lambda path: SimpleNamespace(f_bavail=next(answers) * 2**20, f_frsize=1))
+    rec = recorder_mod.Recorder(tmp_path / "run")
+    line = b"x" * 1023 + b"\n"
+    written = 0
+    while rec.write(line):
+        written += len(line)
+    assert written + len(line) == recorder_mod.CHECK_EVERY  # the write that crossed the check was the last
+    assert rec.error is not None and "99 MiB left" in rec.error and not rec.active
+    assert (tmp_path / "run" / "events.jsonl").stat().st_size == recorder_mod.CHECK_EVERY  # whole lines only
+
+
 def test_replay_source_skips_garbage_and_partial_last_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

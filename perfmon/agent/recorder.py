@@ -7,9 +7,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+#: Free space on the run dir's disk that the recording leaves to the script (its logs, its checkpoints), in MiB.
+RESERVE_ENV = "PERFMON_DISK_RESERVE_MB"
+DEFAULT_RESERVE_MB = 256
+#: Bytes written between two looks at the free space (a statvfs: about a microsecond).
+CHECK_EVERY = 4 << 20
+
 
 class Recorder:
-    """Appends encoded lines; on any OS error (disk full, unwritable dir) it stops, once, loudly."""
+    """Appends encoded lines; on any OS error (disk full, unwritable dir) it stops, once, loudly. It also stops
+    before the disk is full: a long run of fast steps records ~72 bytes a step, and the disk it fills is the one
+    the script prints its log to and saves its checkpoints on (a write there would fail in the script)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -17,11 +25,15 @@ class Recorder:
         self.error: str | None = None
         self.bytes_written = 0
         self._fd: int | None = None
+        self.reserve = _reserve_bytes()
+        self._unchecked = 0
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
             self._fail(exc)
+            return
+        self._check_space()
 
     @property
     def active(self) -> bool:
@@ -37,10 +49,26 @@ class Recorder:
                 n = os.write(self._fd, view)
                 view = view[n:]
             self.bytes_written += len(data)
-            return True
         except OSError as exc:
             self._fail(exc)
             return False
+        self._unchecked += len(data)
+        if self._unchecked >= CHECK_EVERY:
+            self._check_space()
+        return self._fd is not None
+
+    def _check_space(self) -> None:
+        self._unchecked = 0
+        try:
+            st = os.statvfs(self.run_dir)
+        except OSError:
+            return  # no answer: the write errors still stop it
+        free = st.f_bavail * st.f_frsize
+        if free < self.reserve:
+            self.error = (f"recording stopped: {free / 2**20:.0f} MiB left on the disk of {self.run_dir}, and perfmon "
+                          f"leaves the last {self.reserve / 2**20:.0f} MiB to the script ({RESERVE_ENV}); "
+                          "training continues")
+            self.close()
 
     def _fail(self, exc: OSError) -> None:
         self.error = f"recording stopped: {exc.strerror or exc} ({self.path}); training continues"
@@ -68,3 +96,10 @@ class Recorder:
             except OSError:
                 pass
             self._fd = None
+
+
+def _reserve_bytes() -> int:
+    try:
+        return max(0, int(float(os.environ.get(RESERVE_ENV) or DEFAULT_RESERVE_MB) * 2**20))
+    except ValueError:
+        return DEFAULT_RESERVE_MB * 2**20
