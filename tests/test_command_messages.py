@@ -4,6 +4,7 @@ speak, the one parse the agent does, its refusals, and both ends of a real socke
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import threading
@@ -280,6 +281,32 @@ def test_p_waits_while_the_script_profiles_and_a_window_gives_way_to_it(tmp_path
     cmds.boundary()  # skipped while the script's session is open: nobody asked, so a warning says why, once
     cmds.boundary()
     assert cmds.window is None and len(warned) == 1 and "runs its own torch.profiler" in warned[0]
+
+
+def test_no_profiler_window_or_memory_snapshot_on_a_disk_short_of_the_reserve(tmp_path, monkeypatch):
+    """A trace is MBs (a GPU model's tens of them) and a snapshot hundreds: with less free than the reserve left on
+    the run dir's disk, ``p`` and ``m`` are answered why, and periodic windows are skipped with one warning."""
+    free_mb = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize / 2**20
+    monkeypatch.setenv("PERFMON_DISK_RESERVE_MB", str(free_mb * 4 + 1024))
+    cmds, published, warned = _profiling_commands(tmp_path)
+    answers: list[dict[str, Any]] = []
+    cmds.request(Command("profile", id=1), lambda data: answers.append(json.loads(data)))
+    cmds._do_memory_snapshot(Command("memory_snapshot", id=2), answers.append)
+    cmds.boundary()
+    final = [a for a in answers if a["done"]]  # (p was first answered "starts at the next step boundary")
+    assert cmds.window is None and all(a["ok"] is False for a in final)
+    assert [a["message"].split(":")[0] for a in final] == ["no memory snapshot", "no profiler window"]
+    assert all("MiB left on the disk" in a["message"] and "PERFMON_DISK_RESERVE_MB" in a["message"] for a in final)
+    assert warned == []  # the answers said it
+    for _ in range(3):
+        cmds._next_every = cmds.boundaries + 1  # a periodic window is due
+        cmds.boundary()
+    assert cmds.window is None and len(warned) == 1 and warned[0].startswith("no profiler window")
+    monkeypatch.setenv("PERFMON_DISK_RESERVE_MB", "0")
+    cmds._next_every = cmds.boundaries + 1
+    cmds.boundary()
+    assert cmds.window is not None  # room again: the next one starts
+    cmds.window.abort()
 
 
 def test_a_flop_count_waits_for_the_scripts_own_dispatch_mode(tmp_path):

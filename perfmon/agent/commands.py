@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import protocol
+from perfmon.agent.disk import short_of_space
 from perfmon.agent.native import CommandFields
 from perfmon.agent.profiler_guard import ScriptProfilers
 from perfmon.messages.commands import Command
@@ -99,7 +100,7 @@ class Commands(CommandFields):
         self._flops_waited = 0  # step ends a FLOP count has waited for the script's own dispatch mode to end
         self._window_answer: Answer = lambda r: None
         self._window_thread: int | None = None  # the thread that drives the open window: the training thread
-        self._said_give_way = False
+        self._said: set[str] = set()  # warnings given once: why periodic windows were skipped
         if self.count_flops_at_start:
             # not at the first boundary: a loop is learned over its first steps, and without a DataLoader the first
             # step's end is confirmed only at the next optimizer.step(), with nothing of that step left to count
@@ -231,10 +232,11 @@ class Commands(CommandFields):
                 name, command, answer = item
                 getattr(self, f"_do_{name}")(command, answer)
         if self.window is None and self._periodic_due():
-            if self.script_profilers.busy:
-                self._say_give_way()  # this one is skipped; the next is due as usual
-            else:
+            why = self._why_no_window()
+            if why is None:
                 self._start_window("periodic", lambda r: None)
+            else:  # this one is skipped; the next is due as usual
+                self._say_once(*why)
             if self._next_every is not None:
                 self._next_every = self.boundaries + self.every
             if self._next_time is not None:
@@ -273,10 +275,20 @@ class Commands(CommandFields):
         if self.window is not None:
             answer({"ok": False, "done": True, "message": "busy: a profiler window is already being captured"})
             return
-        if self.script_profilers.busy:  # the answer says why (no warning besides)
-            answer({"ok": False, "done": True, "message": SCRIPT_PROFILING})
+        why = self._why_no_window()
+        if why is not None:  # the answer says why (no warning besides)
+            answer({"ok": False, "done": True, "message": why[1]})
             return
         self._start_window("on demand", answer)
+
+    def _why_no_window(self) -> tuple[str, str] | None:
+        """Why a profiler window cannot start now, (kind, text); None: it can."""
+        if self.script_profilers.busy:
+            return "script profiling", SCRIPT_PROFILING
+        short = short_of_space(self.run_dir)  # a trace is MBs, a GPU model's tens of them
+        if short is not None:
+            return "disk", f"no profiler window: {short}"
+        return None
 
     def _do_give_way(self, command: Command | None, answer: Answer) -> None:
         self._give_way()
@@ -302,12 +314,12 @@ class Commands(CommandFields):
         self._window_event("stopped", "profile")
         self._window_answer({"ok": False, "done": True, "message": "profiler window given up: " + SCRIPT_PROFILING})
         if window.reason == "periodic":  # nobody asked for it: nobody gets an answer
-            self._say_give_way()
+            self._say_once("script profiling", SCRIPT_PROFILING)
 
-    def _say_give_way(self) -> None:
-        if not self._said_give_way:
-            self._said_give_way = True
-            self.agent.warn(SCRIPT_PROFILING)
+    def _say_once(self, kind: str, text: str) -> None:
+        if kind not in self._said:
+            self._said.add(kind)
+            self.agent.warn(text)
 
     @staticmethod
     def _check_wandb() -> str | None:
@@ -337,6 +349,10 @@ class Commands(CommandFields):
                 "message": f"empty_cache: reserved {before / 2**20:,.0f} MiB -> {after / 2**20:,.0f} MiB"})
 
     def _do_memory_snapshot(self, command: Command | None, answer: Answer) -> None:
+        short = short_of_space(self.run_dir)  # a snapshot of a large model's allocator runs to hundreds of MB
+        if short is not None:
+            answer({"ok": False, "done": True, "message": f"no memory snapshot: {short}"})
+            return
         if self.memory is not None and command is not None:  # always made by request
             self.memory.begin(command, answer)
 

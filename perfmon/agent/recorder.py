@@ -7,9 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-#: Free space on the run dir's disk that the recording leaves to the script (its logs, its checkpoints), in MiB.
-RESERVE_ENV = "PERFMON_DISK_RESERVE_MB"
-DEFAULT_RESERVE_MB = 256
+from perfmon.agent.disk import reserve_bytes, short_of_space
+
 #: Bytes written between two looks at the free space (a statvfs: about a microsecond).
 CHECK_EVERY = 4 << 20
 
@@ -25,7 +24,7 @@ class Recorder:
         self.error: str | None = None
         self.bytes_written = 0
         self._fd: int | None = None
-        self.reserve = _reserve_bytes()
+        self.reserve = reserve_bytes()
         self._unchecked = 0
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -59,15 +58,9 @@ class Recorder:
 
     def _check_space(self) -> None:
         self._unchecked = 0
-        try:
-            st = os.statvfs(self.run_dir)
-        except OSError:
-            return  # no answer: the write errors still stop it
-        free = st.f_bavail * st.f_frsize
-        if free < self.reserve:
-            self.error = (f"recording stopped: {free / 2**20:.0f} MiB left on the disk of {self.run_dir}, and perfmon "
-                          f"leaves the last {self.reserve / 2**20:.0f} MiB to the script ({RESERVE_ENV}); "
-                          "training continues")
+        short = short_of_space(self.run_dir, self.reserve)
+        if short is not None:
+            self.error = f"recording stopped: {short}; training continues"
             self.close()
 
     def _fail(self, exc: OSError) -> None:
@@ -97,9 +90,3 @@ class Recorder:
                 pass
             self._fd = None
 
-
-def _reserve_bytes() -> int:
-    try:
-        return max(0, int(float(os.environ.get(RESERVE_ENV) or DEFAULT_RESERVE_MB) * 2**20))
-    except ValueError:
-        return DEFAULT_RESERVE_MB * 2**20
