@@ -49,6 +49,8 @@ def _run_parser() -> _Parser:
     p.add_argument("--profile-interval", type=float, metavar="S", help="capture a profiler window every S seconds")
     p.add_argument("--profile-schedule", default="1,1,3", metavar="W,U,A",
                    help="profiler window: wait, warmup, active steps (default 1,1,3)")
+    p.add_argument("--profile-keep", type=int, default=20, metavar="N",
+                   help="traces of periodic windows kept on disk, the newest (default 20; 0: all)")
     p.add_argument("--profile-memory", action="store_true",
                    help="profiler windows also record allocations (the trace's memory view; torch then prints a "
                    "warning line into the script's stderr)")
@@ -73,7 +75,7 @@ def _run_parser() -> _Parser:
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     """Options of perfmon vs the script and its arguments: the first bare word (or -m X) splits them."""
     takes_value = {"--interval", "--run-dir", "--python", "--sample-interval", "--profile-every", "--profile-interval",
-                   "--profile-schedule", "--peak-tflops", "--rules", "--prometheus", "--log-interval"}
+                   "--profile-schedule", "--profile-keep", "--peak-tflops", "--rules", "--prometheus", "--log-interval"}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -213,6 +215,9 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
         env["PERFMON_COUNT_FLOPS"] = "1"
     if args.profile_memory:
         env["PERFMON_PROFILE_MEMORY"] = "1"
+    if args.profile_keep < 0:
+        _run_parser().error("--profile-keep must be >= 0 (0 keeps every trace)")
+    env["PERFMON_PROFILE_KEEP"] = str(args.profile_keep)
     if args.peak_tflops:
         env["PERFMON_PEAK_TFLOPS"] = str(args.peak_tflops)
     if args.no_window_peaks:

@@ -171,6 +171,12 @@ OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"
 
 
+def trace_analysis(trace: Path) -> Path:
+    """Where a monitor keeps its analysis of a profiler trace (``RUN/traces/T`` → ``RUN/analysis/T.summary.json``):
+    written once, read by every later reader, and what keeps a window's numbers once its trace is gone."""
+    return trace.parent.parent / "analysis" / (trace.name + ".summary.json")
+
+
 def _env_int(env: dict[str, str] | os._Environ[str], name: str) -> int | None:
     value = env.get(name, "")
     return int(value) if value.isdigit() else None

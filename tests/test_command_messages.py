@@ -227,12 +227,12 @@ def test_a_monitors_commands_reach_the_agent_typed_and_bad_ones_are_answered(ser
     assert server.bad_lines == 3
 
 
-def _profiling_commands(tmp_path: Path) -> tuple[Commands, list[dict[str, Any]], list[str]]:
+def _profiling_commands(tmp_path: Path, **config: Any) -> tuple[Commands, list[dict[str, Any]], list[str]]:
     published: list[dict[str, Any]] = []
     warned: list[str] = []
     agent = SimpleNamespace(run_dir=tmp_path, enabled=True, record_error=lambda where, exc: pytest.fail(f"{where}"),
                             publish=published.append, warn=warned.append, instrumentation=object())
-    return Commands(agent, {"wait": 0, "warmup": 1, "active": 3}), published, warned
+    return Commands(agent, {"wait": 0, "warmup": 1, "active": 3, **config}), published, warned
 
 
 def _spin() -> None:
@@ -307,6 +307,46 @@ def test_no_profiler_window_or_memory_snapshot_on_a_disk_short_of_the_reserve(tm
     cmds.boundary()
     assert cmds.window is not None  # room again: the next one starts
     cmds.window.abort()
+
+
+def test_periodic_traces_beyond_the_newest_few_go_once_analysed(tmp_path):
+    """--profile-keep: of the periodic windows' traces only the newest N stay, and an older one goes only once a
+    monitor has analysed it (its numbers live on in RUN/analysis/); the traces of windows asked for with p stay."""
+    import threading
+
+    from perfmon import paths
+
+    cmds, published, warned = _profiling_commands(tmp_path, profile_keep=2)
+    exported = threading.Semaphore(0)
+    publish = cmds.agent.publish
+    cmds.agent.publish = lambda msg: (publish(msg), msg.get("type") == "profile" and exported.release())
+    analysed: list[Path] = []
+
+    def window(analyse: bool) -> Path:
+        """Steps until the next window's trace is out (periodic windows follow each other without a gap)."""
+        deadline = time.monotonic() + 120
+        while not exported.acquire(blocking=False):
+            assert time.monotonic() < deadline, "no window was exported"
+            _spin()
+            cmds.boundary()
+        trace = Path([m for m in published if m.get("type") == "profile"][-1]["trace"])
+        if analyse:  # what a monitor leaves once it has read the window
+            paths.trace_analysis(trace).parent.mkdir(exist_ok=True)
+            paths.trace_analysis(trace).write_text("{}")
+            analysed.append(trace)
+        return trace
+
+    cmds.request(Command("profile", id=1), lambda data: None)
+    asked = window(analyse=True)  # asked for with p: never dropped
+    cmds.every, cmds._next_every = 1, cmds.boundaries + 1  # --profile-every 1 from here on
+    first = window(analyse=False)  # nobody analysed it: it stays
+    periodic = [window(analyse=True) for _ in range(5)]
+    on_disk = sorted((tmp_path / "traces").glob("*.json"))
+    assert on_disk == sorted([asked, first, *periodic[-2:]])  # the newest 2 periodic ones, p's, the unanalysed one
+    assert all(paths.trace_analysis(t).exists() for t in analysed)
+    assert warned == []
+    if cmds.window is not None:
+        cmds.window.abort()
 
 
 def test_a_flop_count_waits_for_the_scripts_own_dispatch_mode(tmp_path):

@@ -152,6 +152,7 @@ def _profile_config() -> dict[str, Any]:
         "interval": float(env.get("PERFMON_PROFILE_INTERVAL") or 0),
         "count_flops": env.get("PERFMON_COUNT_FLOPS") == "1",
         "profile_memory": env.get("PERFMON_PROFILE_MEMORY") == "1",
+        "profile_keep": int(keep) if (keep := env.get("PERFMON_PROFILE_KEEP") or "").isdigit() else None,
     }
 
 

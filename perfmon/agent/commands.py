@@ -26,6 +26,8 @@ Answer = Callable[[dict[str, Any]], None]
 FLOPS_WAIT_STEPS = 20
 FLOPS_BESIDE_MODE = ("count_flops: the script keeps a torch dispatch mode of its own on across step ends (its own "
                      "FlopCounterMode, say); perfmon does not stack its FLOP counter on it")
+#: Traces of periodic windows kept on disk (--profile-keep; 0: all).
+DEFAULT_PROFILE_KEEP = 20
 SCRIPT_PROFILING = ("the script runs its own torch.profiler: perfmon's profiler windows wait while it records "
                     "(one profiler at a time; the script's comes first)")
 
@@ -77,6 +79,9 @@ class Commands(CommandFields):
         self.warmup = int(config.get("warmup", 1))
         self.active = int(config.get("active", 3))
         self.profile_memory = bool(config.get("profile_memory"))
+        keep = config.get("profile_keep")
+        self.profile_keep = DEFAULT_PROFILE_KEEP if keep is None else int(keep)
+        self._periodic_traces: Any = None  # perfmon.agent.profiler.PeriodicTraces, made with the first window
         self.every = int(config.get("every") or 0)
         self.interval = float(config.get("interval") or 0)
         self.count_flops_at_start = bool(config.get("count_flops"))
@@ -243,12 +248,17 @@ class Commands(CommandFields):
                 self._next_time = time.monotonic() + self.interval
 
     def _start_window(self, reason: str, answer: Answer) -> None:
-        from perfmon.agent.profiler import ProfilerWindow
+        from perfmon.agent.profiler import PeriodicTraces, ProfilerWindow
+
+        if self._periodic_traces is None:
+            self._periodic_traces = PeriodicTraces(self.profile_keep)
 
         def publish(msg: dict[str, Any] | None) -> None:
             if msg is not None:
                 self.last_profile = msg
                 self.agent.publish(msg)
+                if reason == "periodic":  # (on the export thread) asked-for windows' traces are never dropped
+                    self._periodic_traces.add(msg["trace"])
             self._window_event("stopped", "profile")
             if msg is None:
                 answer({"ok": False, "done": True, "message": "profiler window failed (see agent errors)"})

@@ -13,12 +13,15 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from perfmon import paths
 
 
 class ProfilerWindow:
@@ -107,3 +110,36 @@ def export_window(prof: Any, traces_dir: Path, active: int, cuda: bool, step: in
         trace = None
     return {"type": "profile", "v": 1, "step": step, "active_steps": active, "reason": reason,
             "device": "cuda" if cuda else "cpu", "trace": trace, "t": time.time()}
+
+
+class PeriodicTraces:
+    """The traces of periodic windows (``--profile-every``/``--profile-interval``), at most ``keep`` of them on
+    disk (0: all). A long run profiled every few hundred steps would otherwise fill the disk with them (a GPU
+    model's trace is tens of MB). An older trace goes only once a monitor has analysed it (``RUN/analysis/``), so
+    the dashboard, the report and replays still have the window's numbers; one nobody has analysed yet stays."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._traces: deque[Path] = deque()
+
+    def add(self, trace: str | None) -> list[Path]:
+        """A periodic window wrote ``trace``: drop the analysed ones beyond the newest ``keep``; returns them."""
+        if trace is None or self.keep <= 0:
+            return []
+        self._traces.append(Path(trace))
+        excess = len(self._traces) - self.keep
+        if excess <= 0:
+            return []
+        traces = list(self._traces)
+        dropped, stay = [], []
+        for old in traces[:excess]:
+            if paths.trace_analysis(old).exists():
+                try:
+                    old.unlink(missing_ok=True)
+                    dropped.append(old)
+                    continue
+                except OSError:
+                    pass
+            stay.append(old)  # not analysed yet (no monitor has read it): kept
+        self._traces = deque(stay + traces[excess:])
+        return dropped

@@ -19,12 +19,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from perfmon import paths
 from perfmon.analysis.trace import TraceError, analyse_trace
 from perfmon.messages import ProfileWindow
 
 #: Rows kept per window (ops, and kernels on a GPU).
 TOP_N = 30
-CACHE_SUFFIX = ".summary.json"
 CACHE_SCHEMA = 1
 
 
@@ -63,7 +63,7 @@ def summarise_window(msg: dict[str, Any]) -> dict[str, Any]:
 
 def _analysis(trace: Path) -> dict[str, Any]:
     """The trace's ``perfmon trace`` JSON (top lists cut to TOP_N), from the cache when it is there."""
-    cache = trace.parent.parent / "analysis" / (trace.name + CACHE_SUFFIX)
+    cache = paths.trace_analysis(trace)
     try:
         cached = json.loads(cache.read_text())
         if cached.get("schema") == CACHE_SCHEMA:
