@@ -34,23 +34,22 @@ class RecordingReader:
 
     def read_new(self, max_bytes: int = -1) -> list[dict[str, Any]]:
         """Messages appended since the last call (at most about ``max_bytes`` of them, or the one line that
-        is longer); a trailing partial line waits for its end. Empty only where the file holds no new line."""
+        is longer); a trailing partial line waits for its end. Empty only where the file holds no new message."""
+        out: list[dict[str, Any]] = []
         while True:
             before = self.tail.offset
-            lines = self.tail.lines(max_bytes)
-            if lines or max_bytes < 0 or self.tail.offset == before:
-                break  # else the chunk was all the start of one long line: read on to its end
-        out = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                out.append(protocol.decode(line))
-            except protocol.DecodeError as exc:
-                self.skipped += 1
-                if len(self.errors) < 10:
-                    self.errors.append(str(exc))
-        return out
+            for line in self.tail.lines(max_bytes):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(protocol.decode(line))
+                except protocol.DecodeError as exc:
+                    self.skipped += 1
+                    if len(self.errors) < 10:
+                        self.errors.append(str(exc))
+            # a chunk that gave no message (the start of one long line, lines that did not decode) is not the end
+            if out or max_bytes < 0 or self.tail.offset == before:
+                return out
 
 
 def read_all(reader: RecordingReader, chunk: int = 1 << 22) -> Iterator[dict[str, Any]]:

@@ -322,13 +322,17 @@ def test_periodic_traces_beyond_the_newest_few_go_once_analysed(tmp_path):
     cmds.agent.publish = lambda msg: (publish(msg), msg.get("type") == "profile" and exported.release())
     analysed: list[Path] = []
 
-    def window(analyse: bool) -> Path:
-        """Steps until the next window's trace is out (periodic windows follow each other without a gap)."""
+    def window(analyse: bool, periodic: bool = True) -> Path:
+        """One window, due at the next step (never two at once: the next is made due only after this one's trace
+        is out), and its trace."""
+        if periodic:
+            cmds._next_every = cmds.boundaries + 1  # --profile-every, due now
         deadline = time.monotonic() + 120
         while not exported.acquire(blocking=False):
             assert time.monotonic() < deadline, "no window was exported"
             _spin()
             cmds.boundary()
+        cmds._next_every = None
         trace = Path([m for m in published if m.get("type") == "profile"][-1]["trace"])
         if analyse:  # what a monitor leaves once it has read the window
             paths.trace_analysis(trace).parent.mkdir(exist_ok=True)
@@ -337,16 +341,14 @@ def test_periodic_traces_beyond_the_newest_few_go_once_analysed(tmp_path):
         return trace
 
     cmds.request(Command("profile", id=1), lambda data: None)
-    asked = window(analyse=True)  # asked for with p: never dropped
-    cmds.every, cmds._next_every = 1, cmds.boundaries + 1  # --profile-every 1 from here on
+    asked = window(analyse=True, periodic=False)  # asked for with p: never dropped
+    cmds.every = 1_000_000  # periodic windows on (each made due by hand)
     first = window(analyse=False)  # nobody analysed it: it stays
     periodic = [window(analyse=True) for _ in range(5)]
     on_disk = sorted((tmp_path / "traces").glob("*.json"))
     assert on_disk == sorted([asked, first, *periodic[-2:]])  # the newest 2 periodic ones, p's, the unanalysed one
     assert all(paths.trace_analysis(t).exists() for t in analysed)
-    assert warned == []
-    if cmds.window is not None:
-        cmds.window.abort()
+    assert warned == [] and cmds.window is None
 
 
 def test_a_flop_count_waits_for_the_scripts_own_dispatch_mode(tmp_path):

@@ -251,7 +251,7 @@ def test_script_stdout_and_stderr_stay_apart(env, tmp_path):
 
 
 STACK_SCRIPT = """
-import inspect, logging, sys, traceback
+import inspect, logging, os, runpy, sys, traceback
 import torch
 logging.basicConfig(format="%(levelname)s %(message)s")
 
@@ -263,6 +263,7 @@ def report_stack():
 
 
 report_stack()
+runpy.run_path(os.path.join(os.path.dirname(__file__), "inner.py"))  # the script's own runpy frames stay
 model = torch.nn.Linear(2, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for i in range(3):
@@ -280,8 +281,10 @@ for i in range(3):
 def test_the_script_sees_its_own_stack_as_under_plain_python(env, tmp_path):
     """Stacks printed while the script runs (traceback.print_stack, inspect.stack, logging's stack_info, autograd's
     anomaly mode) end at the script's module frame, as under plain python: no frame of perfmon's launcher below."""
+    (tmp_path / "inner.py").write_text("import inspect\nprint('inner', [f.function for f in inspect.stack()])\n")
     plain, res, run = plain_and_headless(STACK_SCRIPT, "stack.py", env, tmp_path)
     assert plain.returncode == res.returncode == 0, res.stderr
+    assert "'run_path', '<module>']" in plain.stdout
     assert "Traceback of forward call" in plain.stderr and "caught:" in plain.stdout
     assert res.stdout == plain.stdout
     assert (run / "stderr.log").read_text() == plain.stderr

@@ -158,6 +158,24 @@ def test_recording_stops_when_the_disk_fills_up_while_it_writes(tmp_path, monkey
     assert (tmp_path / "run" / "events.jsonl").stat().st_size == recorder_mod.CHECK_EVERY  # whole lines only
 
 
+def test_a_slow_recording_looks_at_the_free_space_every_minute_too(tmp_path, monkeypatch):
+    """A run that records little (slow steps) may go hours between 4 MiB; the script may fill the disk meanwhile."""
+    from types import SimpleNamespace
+
+    from perfmon.agent import recorder as recorder_mod
+
+    monkeypatch.setenv("PERFMON_DISK_RESERVE_MB", "100")
+    answers = iter([1000, 99])
+    monkeypatch.setattr(recorder_mod.os, "statvfs",
+                        lambda path: SimpleNamespace(f_bavail=next(answers) * 2**20, f_frsize=1))
+    now = [1000.0]
+    monkeypatch.setattr(recorder_mod.time, "monotonic", lambda: now[0])
+    rec = recorder_mod.Recorder(tmp_path / "run")
+    assert rec.write(b"one step\n") and rec.write(b"another\n")  # within the minute: not looked at
+    now[0] += recorder_mod.CHECK_EVERY_S
+    assert not rec.write(b"a minute later\n") and "99 MiB left" in (rec.error or "")
+
+
 def test_replay_source_skips_garbage_and_partial_last_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -240,6 +240,8 @@ def test_time_series_memory_is_bounded_over_a_week():
     ("ValueError: boom", "ValueError: boom", "failed: ValueError"),
     ('  File "/x/syn.py", line 2\n    x = (\n        ^\nSyntaxError: \'(\' was never closed\n',
      "SyntaxError: '(' was never closed (syn.py line 2)", "failed: SyntaxError (syn.py line 2)"),
+    ('  File "/x/syn.py", line 2\n    x = (\n        ^\nSyntaxError: \'(\' was never closed\nwhile loading plugin foo\n',
+     "SyntaxError: '(' was never closed (syn.py line 2)", "failed: SyntaxError (syn.py line 2)"),  # with a note
     ("KeyError: 'a:b'", "KeyError: 'a:b'", "failed: KeyError"),
     # messages of several lines: the first (and the next where the first ends in a colon), never the last
     ("RuntimeError: Serialization of parametrized modules is only supported through state_dict(). See:\n"
@@ -250,6 +252,10 @@ def test_time_series_memory_is_bounded_over_a_week():
     ("torch._dynamo.exc.Unsupported: generator\n\nfrom user code:\n   File \"t.py\", line 3, in f\n",
      "torch._dynamo.exc.Unsupported: generator", "failed: torch._dynamo.exc.Unsupported"),
     ("AssertionError: loss went nan\nstep 4120 of epoch 3\n", "AssertionError: loss went nan", "failed: AssertionError"),
+    # re-raised from a DataLoader worker: the original error, on the last line of the traceback it carries
+    ("ValueError: Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+     '  File "/x/ds.py", line 9, in __getitem__\n    raise ValueError(f"bad sample {i}")\nValueError: bad sample 17\n',
+     "ValueError: bad sample 17", "failed: ValueError"),
     ("torch.OutOfMemoryError: CUDA out of memory", "torch.OutOfMemoryError: CUDA out of memory",
      "failed: torch.OutOfMemoryError"),
 ])

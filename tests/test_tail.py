@@ -158,16 +158,18 @@ def test_recording_reader_decodes_and_skips(tmp_path: Path, monkeypatch: pytest.
 
 def test_a_chunked_read_reads_through_a_line_longer_than_the_chunk(tmp_path: Path) -> None:
     """Followers and replays read the recording a chunk at a time; an empty batch means "nothing new". A line
-    longer than the chunk (a big profile message) is read on to its end, never taken for the end of the file."""
+    longer than the chunk (a big profile message), or a chunk of lines that do not decode, is read on through,
+    never taken for the end of the file."""
     path = tmp_path / "events.jsonl"
     big = protocol.encode(protocol.message("event", kind="warning", text="x" * 5000, seq=2))
-    path.write_bytes(protocol.encode(protocol.message("hello", seq=1)) + big
+    garbage = b"not a message\n" * 200  # a chunk or two of lines that do not decode: not the end either
+    path.write_bytes(protocol.encode(protocol.message("hello", seq=1)) + big + garbage
                      + protocol.encode(protocol.message("hello", seq=3)))
     reader = RecordingReader(path)
     seqs = []
     while batch := reader.read_new(1000):
         seqs += [m["seq"] for m in batch]
-    assert seqs == [1, 2, 3] and reader.offset == path.stat().st_size
+    assert seqs == [1, 2, 3] and reader.offset == path.stat().st_size and reader.skipped == 200
 
 
 def test_log_tail_copies_bytes_as_they_come(tmp_path: Path) -> None:
@@ -178,10 +180,11 @@ def test_log_tail_copies_bytes_as_they_come(tmp_path: Path) -> None:
     path.write_bytes(b"step 1\nprogress 10%\r")
     assert tail.pump() == 20 and out.getvalue() == b"step 1\nprogress 10%\r"
     tail.CHUNK = tail.tail.max_read = 64  # a backlog of many chunks comes whole, a chunk at a time
-    backlog = bytes(range(256)) * 10
+    backlog = bytes(range(256)) * 5  # 20 chunks
     with open(path, "ab") as f:
         f.write(backlog)
-    assert tail.pump() == len(backlog) and out.getvalue().endswith(backlog)
+    assert tail.pump() == tail.MAX_CHUNKS * 64  # at most MAX_CHUNKS a call (the status line's turn comes)
+    assert tail.pump() == len(backlog) - tail.MAX_CHUNKS * 64 and out.getvalue().endswith(backlog)
 
 
 def test_output_tail_starts_near_the_end(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ def run_script(path: str) -> None:
     """Run ``path`` as ``__main__`` the way ``python path`` does (absolute ``__file__``,
     ``__package__`` None, a fresh ``__main__`` module left in place afterwards)."""
     abspath = os.path.abspath(path)
+    own_frames.hide(sys._getframe())  # the script's stack begins above this frame
     if os.path.isdir(abspath) or zipfile.is_zipfile(abspath):
         runpy.run_path(abspath, run_name="__main__")  # a dir or zip with __main__.py
         return
@@ -108,13 +109,11 @@ def main(argv: list[str]) -> int:
     # Registered before the script runs, so it runs last: after python has stopped the executors the script left
     # open, waited for its non-daemon threads (training may run in one) and run the script's own atexit handlers.
     atexit.register(_at_exit, agent, exit_info)
-    # runpy's _run_module_code runs a module (-m) or a directory's __main__.py: python's own -m shows _run_code
-    # above it too
-    own_frames.hide([run_script.__code__, main.__code__, runpy._run_module_code.__code__])
     try:
         if module is not None:
             sys.argv = [module, *rest]  # run_module replaces argv[0] with the module's file
             sys.path[0] = os.getcwd()
+            own_frames.hide(sys._getframe())  # the module's stack begins above this frame (and runpy's for it)
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             sys.argv = [script, *rest]

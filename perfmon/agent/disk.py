@@ -18,7 +18,7 @@ def reserve_bytes() -> int:
     """The reserve: ``PERFMON_DISK_RESERVE_MB`` MiB (default 256)."""
     try:
         return max(0, int(float(os.environ.get(RESERVE_ENV) or DEFAULT_RESERVE_MB) * 2**20))
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, or inf
         return DEFAULT_RESERVE_MB * 2**20
 
 

@@ -13,35 +13,55 @@ history, still show the launcher's frames.)
 from __future__ import annotations
 
 import inspect
-import sys
+import itertools
+import runpy
 import traceback
-from collections.abc import Iterable, Iterator
-from types import CodeType, FrameType
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from perfmon.agent.stand_in import replaced, stand_in
 
+#: runpy's frames between the launcher's call and the module it runs (``-m``, a directory's ``__main__.py``).
+#: ``_run_code``, which python's own ``-m`` shows too, is not among them.
+_RUNPY = frozenset(fn.__code__ for fn in (runpy.run_module, runpy.run_path, runpy._run_module_code))
+_launcher: frozenset[FrameType] = frozenset()
 
-def hide(below: Iterable[CodeType]) -> None:
-    """Show the script its stack as if it ended at the first frame running one of ``below`` (not included)."""
+
+def _is_launchers(frame: FrameType) -> bool:
+    """``frame`` is the launcher's, or runpy's working for the launcher (never for the script's own runpy call)."""
+    f: FrameType | None = frame
+    while f is not None and f.f_code in _RUNPY:
+        f = f.f_back
+    return f in _launcher
+
+
+def hide(caller: FrameType) -> None:
+    """Show the script its stack as if it began above ``caller`` (the launcher's frame that runs it, and every
+    frame below it, by identity: a script that calls runpy itself keeps its own runpy frames)."""
+    global _launcher
+    frames = []
+    f: FrameType | None = caller
+    while f is not None:
+        frames.append(f)
+        f = f.f_back
+    _launcher = frozenset(frames)
     if replaced(traceback.walk_stack):
         return
-    stop = frozenset(below)
-    real_outer = inspect.getouterframes
+    real_walk, real_outer = traceback.walk_stack, inspect.getouterframes
 
     def walk_stack(f: FrameType | None) -> Iterator[tuple[FrameType, int]]:
-        if f is None:  # the frame traceback's own walk_stack starts from: its generator sits where this one does
-            f = sys._getframe().f_back.f_back.f_back.f_back  # type: ignore[union-attr]
-        while f is not None and f.f_code not in stop:
-            yield f, f.f_lineno
-            f = f.f_back
+        # takewhile is C: the real generator is resumed from the same Python frame as without the stand-in, so
+        # its own start (walk_stack(None) counts frames back from itself) is unchanged, on every Python
+        return itertools.takewhile(lambda item: not _is_launchers(item[0]), real_walk(f))
 
     def getouterframes(frame: FrameType | None, context: int = 1) -> list[Any]:
         out = real_outer(frame, context)
         for i, info in enumerate(out):
-            if info.frame.f_code in stop:
+            if _is_launchers(info.frame):
                 return out[:i]
         return out
 
-    traceback.walk_stack = stand_in(walk_stack, traceback.walk_stack)
-    inspect.getouterframes = stand_in(getouterframes, inspect.getouterframes)
+    traceback.walk_stack = stand_in(walk_stack, real_walk)
+    inspect.getouterframes = stand_in(getouterframes, real_outer)
+

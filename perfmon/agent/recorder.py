@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from perfmon.agent.disk import reserve_bytes, short_of_space
 
-#: Bytes written between two looks at the free space (a statvfs: about a microsecond).
+#: Bytes written, or seconds, between two looks at the free space (a statvfs: about a microsecond); the time
+#: for a slow run, whose script may fill the disk itself meanwhile.
 CHECK_EVERY = 4 << 20
+CHECK_EVERY_S = 60.0
 
 
 class Recorder:
@@ -25,7 +28,7 @@ class Recorder:
         self.bytes_written = 0
         self._fd: int | None = None
         self.reserve = reserve_bytes()
-        self._unchecked = 0
+        self._unchecked, self._check_at = 0, time.monotonic() + CHECK_EVERY_S
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -52,12 +55,12 @@ class Recorder:
             self._fail(exc)
             return False
         self._unchecked += len(data)
-        if self._unchecked >= CHECK_EVERY:
+        if self._unchecked >= CHECK_EVERY or time.monotonic() >= self._check_at:
             self._check_space()
         return self._fd is not None
 
     def _check_space(self) -> None:
-        self._unchecked = 0
+        self._unchecked, self._check_at = 0, time.monotonic() + CHECK_EVERY_S
         short = short_of_space(self.run_dir, self.reserve)
         if short is not None:
             self.error = f"recording stopped: {short}; training continues"

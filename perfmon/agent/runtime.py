@@ -448,9 +448,8 @@ class Agent:
             self._warned_recording = True
             print(f"perfmon: {self.recorder.error}", file=sys.__stderr__, flush=True)
             self.errors["recording"] = self.errors.get("recording", 0) + 1
-            if self.server is not None:
-                warn = protocol.message("event", kind="warning", message=self.recorder.error, seq=self._seq)
-                self.server.broadcast(protocol.encode(warn))
+            # published by the publisher thread with a seq of its own (monitors drop a line whose seq they had)
+            self.warn(self.recorder.error)
 
     def warn(self, text: str) -> None:
         """A warning for the monitors and the recording (published by the agent's thread)."""

@@ -28,6 +28,7 @@ class LogTail:
     """Copies new bytes of a growing file to a stream as they come (the script's own output, as is)."""
 
     CHUNK = 1 << 20  # bytes held at a time (a monitor that was stopped meets all the script wrote meanwhile)
+    MAX_CHUNKS = 16  # a call's most: a script that writes faster than our stdout takes it never holds pump
 
     def __init__(self, path: Path, out: BinaryIO) -> None:
         self.tail = Tail(path, max_read=self.CHUNK)
@@ -36,13 +37,15 @@ class LogTail:
     def pump(self) -> int:
         """Copy what was appended since the last call; returns its size in bytes."""
         total = 0
-        while data := self.tail.read():
+        for _ in range(self.MAX_CHUNKS):
+            data = self.tail.read()
             total += len(data)
-            try:
-                self.out.write(data)
-                self.out.flush()
-            except (OSError, ValueError):
-                pass
+            if data:
+                try:
+                    self.out.write(data)
+                    self.out.flush()
+                except (OSError, ValueError):
+                    pass
             if len(data) < self.CHUNK:
                 break
         return total
