@@ -158,6 +158,28 @@ def test_recording_stops_when_the_disk_fills_up_while_it_writes(tmp_path, monkey
     assert (tmp_path / "run" / "events.jsonl").stat().st_size == recorder_mod.CHECK_EVERY  # whole lines only
 
 
+def test_an_attached_monitor_hears_that_the_recording_stopped(agent, monkeypatch):
+    """The warning goes out with a seq of its own (with the last one's, a monitor dropped it as already had)."""
+    from perfmon.agent import recorder as recorder_mod
+
+    source = LiveSource(paths.socket_path(os.getpid()), agent.run_dir)
+    source.connect()
+    got, done = [], threading.Event()
+    threading.Thread(target=collect, args=(source, got, done), daemon=True).start()
+    publish_steps(agent, 1, 5)
+    monkeypatch.setattr(recorder_mod, "CHECK_EVERY", 1)  # the next write looks, and finds the disk short
+    monkeypatch.setattr(recorder_mod, "short_of_space", lambda path, reserve=None: "1 MiB left on the disk of X")
+    publish_steps(agent, 6, 5)
+    agent.finish({"code": 0})
+    assert done.wait(10)
+    warnings = [m.get("message") for m in got if m.get("kind") == "warning"]
+    assert warnings == ["recording stopped: 1 MiB left on the disk of X; training continues"]
+    state = RunState()
+    for m in got:
+        state.apply(m)
+    assert state.steps == 10  # the monitor still got every step
+
+
 def test_a_slow_recording_looks_at_the_free_space_every_minute_too(tmp_path, monkeypatch):
     """A run that records little (slow steps) may go hours between 4 MiB; the script may fill the disk meanwhile."""
     from types import SimpleNamespace
