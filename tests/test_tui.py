@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -44,6 +45,7 @@ class FakeProcess:
     def __init__(self, run_dir: Path) -> None:
         self.pid = PID
         self.run_dir = run_dir
+        self.inherit_stdin = False  # launched by the dashboard: stdin /dev/null
         self.stops = 0
         self.forwarded: list[int] = []
         self.returncode: int | None = None
@@ -169,6 +171,25 @@ async def test_failed_run_shows_exception(tmp_path: Path) -> None:
         assert "✘ ValueError: boom  at train.py:37 in main" in text
         assert app.query_one(LogPanel).has_class("-failed")
         assert 'raise ValueError("boom")' in text  # the traceback, from a combined output.log (older runs)
+
+
+@pytest.mark.parametrize(("exception", "launched", "hinted"), [
+    ("EOFError: EOF when reading a line", True, True),  # input() under the dashboard
+    ("bdb.BdbQuit", True, True),  # breakpoint()
+    ("EOFError: EOF when reading a line", False, False),  # replayed, or attached: its stdin is not known here
+    ("ValueError: boom", True, False),
+])
+async def test_a_script_that_died_reading_stdin_is_told_why(tmp_path: Path, exception: str, launched: bool,
+                                                            hinted: bool) -> None:
+    app = make_app(tmp_path, exit="failed", process=launched)
+    events = app.run_dir / "events.jsonl"
+    events.write_text(events.read_text().replace('"ValueError: boom"', json.dumps(exception)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        text = screen_text(app)
+        assert f"✘ {exception}" in text
+        assert ("/dev/null under the dashboard" in text) is hinted
+        assert ("perfmon --headless" in text) is hinted
 
 
 async def test_ok_run_has_no_exception_banner(tmp_path: Path) -> None:

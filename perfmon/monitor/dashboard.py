@@ -9,7 +9,7 @@ from typing import Any
 from perfmon import paths
 from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
-from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording, signals_to
+from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording, signals_to, stdin_hint
 from perfmon.monitor.sources import connect
 
 
@@ -59,6 +59,9 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     # the dashboard stopped reading when it closed: a job stopped from it ended after that
     finalize_recording(proc.run_dir, state, returncode, rules, complete=outcome not in (STOPPED, SIGNALLED))
     print(f"perfmon: {state.status}; run dir {proc.run_dir}", file=sys.stderr)
+    hint = stdin_hint(state.exit.exception if state.exit else None)
+    if hint:
+        print(f"perfmon: {hint}", file=sys.stderr)
     return exit_status(returncode)
 
 

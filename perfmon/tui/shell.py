@@ -32,6 +32,7 @@ from perfmon.analysis.job import JobState, WarningFeed, rank_rows
 from perfmon.analysis.rules import Config, Engine, evaluate_job, evaluate_once
 from perfmon.analysis.state import RunState
 from perfmon.messages.commands import Command
+from perfmon.monitor.launch import stdin_hint
 from perfmon.monitor.sources import Source
 from perfmon.tui import workers
 from perfmon.tui.mode import Mode
@@ -217,6 +218,9 @@ class DashboardShell(App[None]):
             exit_ = self.state.exit
             exception = exit_.exception if exit_ else None
             where = last_frame(exit_.traceback) if exit_ else None
+            # a job this dashboard launched has /dev/null for stdin (the dashboard reads the keys)
+            launched = self.process is not None and not getattr(self.process, "inherit_stdin", True)
+            hint = stdin_hint(exception) if launched else None
         self.query_one(RunHeader).info = header
         if info is not None:
             phases.info = info
@@ -231,7 +235,7 @@ class DashboardShell(App[None]):
         if ranks is not None:
             self.query_one("#ranks", RanksPanel).info = ranks
         self._update_bar(capturing=capturing)
-        log.exception, log.where = exception, where
+        log.exception, log.where, log.hint = exception, where, hint
         for result in results:
             toast(self, result)
         say_warnings(self, warnings, log)

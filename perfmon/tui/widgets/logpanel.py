@@ -34,10 +34,11 @@ def last_frame(traceback: str | None) -> str | None:
 
 
 class LogPanel(Vertical):
-    """Output tail with an exception banner; ``exception`` and ``where`` are its state."""
+    """Output tail with an exception banner; ``exception``, ``where`` and ``hint`` (what to do) are its state."""
 
     exception: reactive[str | None] = reactive(None, init=False)
     where: reactive[str | None] = reactive(None, init=False)
+    hint: reactive[str | None] = reactive(None, init=False)
 
     def compose(self) -> ComposeResult:
         yield Static(id="exception")
@@ -75,6 +76,8 @@ class LogPanel(Vertical):
             text = Text("✘ ", style="bold").append(self.exception, style="bold")
             if self.where:
                 text.append(f"  at {self.where}")
+            if self.hint:
+                text.append(f"\n{self.hint}", style="not bold")
             banner.update(text)
         self.set_class(bool(self.exception), "-failed")
 
@@ -82,4 +85,7 @@ class LogPanel(Vertical):
         self._update_banner()
 
     def watch_where(self) -> None:
+        self._update_banner()
+
+    def watch_hint(self) -> None:
         self._update_banner()
