@@ -202,6 +202,9 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
     sched = args.profile_schedule.split(",")
     if len(sched) != 3 or not all(x.strip().isdigit() for x in sched) or int(sched[2]) < 1:
         _run_parser().error(f"--profile-schedule wants WAIT,WARMUP,ACTIVE (ACTIVE >= 1), got {args.profile_schedule!r}")
+    if int(sched[1]) == 0:
+        print("perfmon: --profile-schedule with no warm-up step: the first active step of each window also pays "
+              "the profiler's start-up, which skews it", file=sys.stderr)
     if args.profile_every is not None and args.profile_every < 1:
         _run_parser().error("--profile-every must be >= 1")
     if args.sample_interval <= 0:

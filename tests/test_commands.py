@@ -164,3 +164,25 @@ def test_a_window_records_allocations_only_when_asked(tmp_path, profile_memory):
     events = json.loads(Path(published[0]["trace"]).read_text())["traceEvents"]
     assert any(e.get("name") == "aten::mm" for e in events)
     assert any(e.get("name") == "[memory]" for e in events) is profile_memory
+
+
+@pytest.mark.parametrize(("wait", "warmup", "active"), [(1, 1, 3), (0, 1, 1), (0, 0, 3), (2, 0, 1), (3, 2, 4)])
+def test_the_window_schedule_is_torchs_without_a_warning_in_the_job(wait, warmup, active):
+    """torch.profiler.schedule warns (a Python warning: in the script's stderr) when warmup is 0; perfmon's window
+    schedule does what torch's does with repeat=1, quietly (the launcher says it instead)."""
+    import warnings
+
+    import torch
+
+    from perfmon.agent.profiler import window_schedule
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = window_schedule(wait, warmup, active)
+        actions = [ours(i) for i in range(12)]
+    assert caught == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
+    assert actions == [theirs(i) for i in range(12)]
+    assert actions.count(torch.profiler.ProfilerAction.RECORD_AND_SAVE) == 1

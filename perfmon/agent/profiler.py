@@ -24,6 +24,22 @@ import torch
 from perfmon import paths
 
 
+def window_schedule(wait: int, warmup: int, active: int) -> Callable[[int], Any]:
+    """``torch.profiler.schedule(wait=, warmup=, active=, repeat=1)``, without its warning for ``warmup=0``: a
+    Python warning raised in the job lands in the script's stderr (the launcher says it instead)."""
+    actions = torch.profiler.ProfilerAction
+    total = wait + warmup + active
+
+    def action(step: int) -> Any:
+        if step < wait or step >= total:
+            return actions.NONE
+        if step < wait + warmup:
+            return actions.WARMUP
+        return actions.RECORD if step < total - 1 else actions.RECORD_AND_SAVE
+
+    return action
+
+
 class ProfilerWindow:
     """One window: ``wait`` + ``warmup`` + ``active`` steps, then its trace exported and announced as ``profile``
     (the monitor analyses the trace, outside the job)."""
@@ -55,7 +71,7 @@ class ProfilerWindow:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.prof = torch.profiler.profile(
             activities=activities,
-            schedule=torch.profiler.schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
+            schedule=window_schedule(self.wait, self.warmup, self.active),
             record_shapes=True, profile_memory=self.profile_memory, with_flops=True,
         )
         with self._own():
