@@ -113,10 +113,13 @@ def exception_line(text: str | None) -> str | None:
     if m:  # the message is the first line after the indented source and caret (3.11 notes follow it)
         message = next((line for line in lines[1:] if not line[:1].isspace()), lines[-1]).strip()
         return f"{message} ({os.path.basename(m[1])} line {m[2]})"
-    if any("Traceback (most recent call last)" in line for line in lines[1:]):
+    tracebacks = [i for i, line in enumerate(lines) if i and "Traceback (most recent call last)" in line]
+    if tracebacks:
         # an error re-raised from another process (a DataLoader worker, a multiprocessing pool) carries the
-        # original traceback: its last line is the original error
-        return lines[-1].strip()
+        # original traceback: the original error is its first line not indented (hints and notes may follow)
+        after = [line for line in lines[tracebacks[-1] + 1:] if not line[:1].isspace()]
+        if after:
+            lines = after
     # A message of several lines (torch's often end in a URL or a hint; 3.11 notes follow it): its first line,
     # and the next where the first only introduces it ("See:", a message that starts on a new line).
     first = lines[0].strip()

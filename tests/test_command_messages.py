@@ -319,7 +319,8 @@ def test_periodic_traces_beyond_the_newest_few_go_once_analysed(tmp_path):
     cmds, published, warned = _profiling_commands(tmp_path, profile_keep=2)
     exported = threading.Semaphore(0)
     publish = cmds.agent.publish
-    cmds.agent.publish = lambda msg: (publish(msg), msg.get("type") == "profile" and exported.release())
+    # the window's end is published after its trace is out and older ones are dropped
+    cmds.agent.publish = lambda msg: (publish(msg), msg.get("kind") == "window_stopped" and exported.release())
     analysed: list[Path] = []
 
     def window(analyse: bool, periodic: bool = True) -> Path:

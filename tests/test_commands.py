@@ -186,3 +186,37 @@ def test_the_window_schedule_is_torchs_without_a_warning_in_the_job(wait, warmup
         theirs = torch.profiler.schedule(wait=wait, warmup=warmup, active=active, repeat=1)
     assert actions == [theirs(i) for i in range(12)]
     assert actions.count(torch.profiler.ProfilerAction.RECORD_AND_SAVE) == 1
+
+
+def test_periodic_traces_are_dropped_in_window_order_whatever_order_their_exports_end(tmp_path):
+    """Exports overlap (a big trace is still being written while the next window ends): the newest windows' traces
+    stay, by the window's step, and traces added from many threads at once are all accounted for."""
+    import threading
+
+    from perfmon import paths
+    from perfmon.agent.profiler import PeriodicTraces
+
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "analysis").mkdir()
+
+    def trace(step: int) -> str:
+        path = tmp_path / "traces" / f"t{step:03}.pt.trace.json"
+        path.write_text("{}")
+        paths.trace_analysis(path).write_text("{}")  # analysed
+        return str(path)
+
+    keeper = PeriodicTraces(keep=2)
+    for step in (10, 30, 20, 50, 40):  # exports ending out of order
+        keeper.add(trace(step), step)
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["t040.pt.trace.json", "t050.pt.trace.json"]
+
+    keeper = PeriodicTraces(keep=3)
+    steps = list(range(100, 160))
+    made = {step: trace(step) for step in steps}
+    threads = [threading.Thread(target=keeper.add, args=(made[step], step)) for step in steps]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    left = sorted(p.name for p in (tmp_path / "traces").iterdir() if p.name >= "t100")
+    assert left == [f"t{s}.pt.trace.json" for s in steps[-3:]]

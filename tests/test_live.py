@@ -191,7 +191,7 @@ def test_a_slow_recording_looks_at_the_free_space_every_minute_too(tmp_path, mon
     monkeypatch.setattr(recorder_mod.os, "statvfs",
                         lambda path: SimpleNamespace(f_bavail=next(answers) * 2**20, f_frsize=1))
     now = [1000.0]
-    monkeypatch.setattr(recorder_mod.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(recorder_mod, "time", SimpleNamespace(monotonic=lambda: now[0]))  # the recorder's clock only
     rec = recorder_mod.Recorder(tmp_path / "run")
     assert rec.write(b"one step\n") and rec.write(b"another\n")  # within the minute: not looked at
     now[0] += recorder_mod.CHECK_EVERY_S

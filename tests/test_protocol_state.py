@@ -256,6 +256,10 @@ def test_time_series_memory_is_bounded_over_a_week():
     ("ValueError: Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
      '  File "/x/ds.py", line 9, in __getitem__\n    raise ValueError(f"bad sample {i}")\nValueError: bad sample 17\n',
      "ValueError: bad sample 17", "failed: ValueError"),
+    # ...whose own message goes on (a hint, a note): its first line
+    ("RuntimeError: Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):"
+     '\n  File "/x/w.py", line 3, in f\n    raise e\nRuntimeError: stack expects each tensor to be equal size\n'
+     "Hint: set collate_fn\n", "RuntimeError: stack expects each tensor to be equal size", "failed: RuntimeError"),
     ("torch.OutOfMemoryError: CUDA out of memory", "torch.OutOfMemoryError: CUDA out of memory",
      "failed: torch.OutOfMemoryError"),
 ])
@@ -275,3 +279,17 @@ def test_a_window_being_captured_ends_with_the_job():
     assert state.profiling is not None
     state.apply(protocol.message("event", kind="exit", code=0, t=6.0, seq=2))
     assert state.profiling is None
+
+
+@pytest.mark.parametrize(("exception", "hinted"), [
+    ("EOFError: EOF when reading a line", True),  # input()
+    ("bdb.BdbQuit", True),  # breakpoint(), then pdb met the end of /dev/null
+    ("EOFError: Ran out of input", False),  # pickle.load / torch.load of a truncated file
+    ("EOFError", False),  # a closed multiprocessing pipe
+    ("ValueError: boom", False),
+    (None, False),
+])
+def test_only_a_script_that_read_its_stdin_is_told_about_it(exception, hinted):
+    from perfmon.monitor.launch import stdin_hint
+
+    assert (stdin_hint(exception) is not None) is hinted

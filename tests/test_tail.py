@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,23 @@ def test_output_tail_starts_near_the_end(tmp_path: Path) -> None:
     assert len(got) < len(lines) and got[-1] == "line 99999"
     assert all(line.startswith("line ") for line in got)  # no cut line at the start
     assert tail.flush() == ["unterminated \ufffd"]
+
+
+def test_script_output_drains_whole_at_the_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pump() takes a bounded amount a call (the status line gets its turn); once the job is over, drain() copies
+    all the rest, the script's last lines included."""
+    import types
+
+    from perfmon.monitor.headless import ScriptOutput
+
+    out, err = io.BytesIO(), io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(buffer=out))
+    monkeypatch.setattr(sys, "stderr", types.SimpleNamespace(buffer=err))
+    monkeypatch.setattr(LogTail, "CHUNK", 64)
+    (tmp_path / "output.log").write_bytes(b"x" * 64 * 40 + b"last line\n")
+    (tmp_path / "stderr.log").write_bytes(b"warning\n")
+    output = ScriptOutput(tmp_path)
+    assert output.pump() == 64 * LogTail.MAX_CHUNKS + len(b"warning\n")
+    output.drain()
+    assert out.getvalue().endswith(b"last line\n") and len(out.getvalue()) == 64 * 40 + 10
+    assert err.getvalue() == b"warning\n"

@@ -305,3 +305,28 @@ def test_perfmon_trace_command(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "perfmon.cli", "trace", str(tmp_path / "missing.json")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "perfmon: error:" in bad.stderr
+
+
+def test_a_window_whose_trace_was_dropped_reads_its_numbers_from_the_analysis(tmp_path):
+    """--profile-keep drops a periodic window's trace once a monitor analysed it: later readers (replay, report) get
+    the window from RUN/analysis/; an analysis from another perfmon's schema says so instead of failing to parse."""
+    import json
+    import shutil
+
+    from perfmon import paths
+    from perfmon.analysis.profile_window import summarise_window
+
+    traces = tmp_path / "run" / "traces"
+    traces.mkdir(parents=True)
+    trace = traces / "v100_cnn_rank0.pt.trace.json.gz"
+    shutil.copy(DATA / trace.name, trace)
+    msg = {"type": "profile", "step": 10, "active_steps": 3, "device": "cuda", "trace": str(trace), "t": 1.0}
+    first = summarise_window(msg)
+    assert first["top_ops"] and paths.trace_analysis(trace).exists()
+    trace.unlink()
+    assert summarise_window(msg)["top_ops"] == first["top_ops"]
+    cache = paths.trace_analysis(trace)
+    cache.write_text(json.dumps({**json.loads(cache.read_text()), "schema": -1}))
+    old = summarise_window(msg)
+    assert old["top_ops"] == [] and "removed (--profile-keep)" in old["analysis_error"]
+    assert not list(cache.parent.glob("*.tmp"))  # no temp file left behind

@@ -258,7 +258,10 @@ class Commands(CommandFields):
                 self.last_profile = msg
                 self.agent.publish(msg)
                 if reason == "periodic":  # (on the export thread) asked-for windows' traces are never dropped
-                    self._periodic_traces.add(msg["trace"])
+                    try:
+                        self._periodic_traces.add(msg["trace"], msg["step"])
+                    except Exception as exc:  # noqa: BLE001 - the window still ends, and is answered
+                        self.agent.record_error("profile-keep", exc)
             self._window_event("stopped", "profile")
             if msg is None:
                 answer({"ok": False, "done": True, "message": "profiler window failed (see agent errors)"})

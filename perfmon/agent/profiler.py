@@ -9,11 +9,11 @@ to a temp file and renamed, so a job that ends mid-window leaves a valid trace o
 
 from __future__ import annotations
 
+import bisect
 import os
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -132,30 +132,35 @@ class PeriodicTraces:
     """The traces of periodic windows (``--profile-every``/``--profile-interval``), at most ``keep`` of them on
     disk (0: all). A long run profiled every few hundred steps would otherwise fill the disk with them (a GPU
     model's trace is tens of MB). An older trace goes only once a monitor has analysed it (``RUN/analysis/``), so
-    the dashboard, the report and replays still have the window's numbers; one nobody has analysed yet stays."""
+    the dashboard, the report and replays still have the window's numbers; one nobody has analysed yet stays.
+    Exports run on threads of their own and may overlap (a big trace is still being written while the next
+    window ends): the traces are kept in the order of their windows, under a lock."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
-        self._traces: deque[Path] = deque()
+        self._traces: list[tuple[int, Path]] = []  # (the window's first step, its trace), oldest first
+        self._lock = threading.Lock()
 
-    def add(self, trace: str | None) -> list[Path]:
-        """A periodic window wrote ``trace``: drop the analysed ones beyond the newest ``keep``; returns them."""
+    def add(self, trace: str | None, step: int) -> list[Path]:
+        """The periodic window that began at ``step`` wrote ``trace``: drop the analysed ones beyond the newest
+        ``keep``; returns them."""
         if trace is None or self.keep <= 0:
             return []
-        self._traces.append(Path(trace))
-        excess = len(self._traces) - self.keep
-        if excess <= 0:
-            return []
-        traces = list(self._traces)
-        dropped, stay = [], []
-        for old in traces[:excess]:
-            if paths.trace_analysis(old).exists():
+        with self._lock:
+            bisect.insort(self._traces, (step, Path(trace)))
+            excess = len(self._traces) - self.keep
+            if excess <= 0:
+                return []
+            dropped, stay = [], []
+            for item in self._traces[:excess]:
+                old = item[1]
                 try:
-                    old.unlink(missing_ok=True)
-                    dropped.append(old)
-                    continue
+                    if paths.trace_analysis(old).exists():
+                        old.unlink(missing_ok=True)
+                        dropped.append(old)
+                        continue
                 except OSError:
                     pass
-            stay.append(old)  # not analysed yet (no monitor has read it): kept
-        self._traces = deque(stay + traces[excess:])
-        return dropped
+                stay.append(item)  # not analysed yet (no monitor has read it), or not removable: kept
+            self._traces = stay + self._traces[excess:]
+            return dropped

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,9 @@ def _analysis(trace: Path) -> dict[str, Any]:
         cached = json.loads(cache.read_text())
         if cached.get("schema") == CACHE_SCHEMA:
             return cached
+        if not trace.exists():  # dropped by --profile-keep: what was cached is all there is
+            return {"error": f"the trace was removed (--profile-keep) and its analysis is from another perfmon "
+                             f"(schema {cached.get('schema')})"}
     except (OSError, ValueError, AttributeError):
         pass
     try:
@@ -81,9 +85,14 @@ def _analysis(trace: Path) -> dict[str, Any]:
     out["schema"] = CACHE_SCHEMA
     try:  # a read-only run dir (someone else's recording) just means no cache
         cache.parent.mkdir(exist_ok=True)
-        tmp = cache.with_name(cache.name + ".tmp")
-        tmp.write_text(json.dumps(out))
-        os.replace(tmp, cache)
+        # its own temp file: the dashboard and a report may analyse one trace at once (and the job drops a trace
+        # once its analysis exists: never a half-written one)
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(out))
+            os.replace(tmp, cache)
+        finally:
+            tmp.unlink(missing_ok=True)
     except OSError:
         pass
     return out

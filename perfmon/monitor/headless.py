@@ -59,8 +59,13 @@ class ScriptOutput:
                       LogTail(run_dir / paths.STDERR_LOG, sys.stderr.buffer))
 
     def pump(self) -> int:
-        """Copy what each stream wrote since the last call; returns the bytes copied."""
+        """Copy what each stream wrote since the last call (a bounded amount); returns the bytes copied."""
         return sum(tail.pump() for tail in self.tails)
+
+    def drain(self) -> None:
+        """Copy everything there is: the job is over."""
+        while self.pump():
+            pass
 
 
 def follow(source: Source, state: RunState, lock: threading.Lock) -> threading.Thread:
@@ -126,7 +131,7 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
         if follower.is_alive():  # a monitor that was frozen reads the rest from the recording
             print("[perfmon] job ended; catching up with the recording...", file=err, flush=True)
             follower.join(timeout=600.0)
-        tail.pump()
+        tail.drain()
         with lock:
             for who, text in warnings.new(state):  # the job's last second: said here, or never
                 print(warning_line(who, text), file=err, flush=True)

@@ -129,7 +129,7 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
         source.close()
         if node is not None:
             node.close()
-        tail.pump()
+        tail.drain()
         with lock:
             for who, text in warnings.new(job=job):  # the job's last seconds: said here, or never
                 print(warning_line(who, text), file=err, flush=True)

@@ -340,14 +340,15 @@ def signals_to(proc: TrainingProcess) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-#: Exceptions a script dies of when it reads a stdin that is /dev/null: input() and pdb (breakpoint()).
-_READ_STDIN = ("EOFError", "bdb.BdbQuit", "BdbQuit")
+#: What a script dies of when it reads a stdin that is /dev/null: input()'s EOFError (a truncated pickle's or a
+#: closed pipe's say otherwise) and pdb's quit (breakpoint()).
+_READ_STDIN = ("EOFError: EOF when reading a line", "bdb.BdbQuit", "BdbQuit")
 
 
 def stdin_hint(exception: str | None) -> str | None:
     """What to do, where a job the dashboard launched (its stdin /dev/null: the dashboard owns the keyboard)
     died reading its stdin; None for any other end."""
-    if not exception or exception.split(":", 1)[0].strip() not in _READ_STDIN:
+    if not exception or exception.strip() not in _READ_STDIN:
         return None
     return ("the script read its stdin (input(), breakpoint()), which is /dev/null under the dashboard: it owns "
             "the keyboard. Run it with perfmon --headless, where stdin is the terminal's, or give the value as an "
