@@ -290,6 +290,35 @@ def test_the_script_sees_its_own_stack_as_under_plain_python(env, tmp_path):
     assert (run / "stderr.log").read_text() == plain.stderr
 
 
+PDB_SCRIPT = """
+import torch
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(3):
+    model(torch.randn(4, 2)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    if i == 1:
+        breakpoint()
+print("done", i)
+"""
+
+
+def test_a_breakpoint_debugs_the_script_as_under_plain_python(env, tmp_path):
+    """pdb under --headless: where lists the script's frames only, up stops at its oldest, and stepping on runs the
+    script's lines (the launcher's frames below the script's are the debugger's to skip, as python has none)."""
+    script = tmp_path / "debugged.py"
+    script.write_text(PDB_SCRIPT)
+    given = "w\nup\nn\nn\np i\nc\n"
+    plain = subprocess.run([sys.executable, str(script)], input=given, capture_output=True, text=True, timeout=60,
+                           env=env, cwd=tmp_path)
+    res = subprocess.run([*PERFMON, "--headless", "--run-dir", str(tmp_path / "run"), str(script)], input=given,
+                         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert plain.returncode == res.returncode == 0, res.stderr
+    assert "*** Oldest frame" in plain.stdout and "done 2" in plain.stdout
+    assert res.stdout == plain.stdout
+
+
 STDIN_SCRIPT = """
 import sys
 import torch

@@ -5,13 +5,16 @@ launcher's (runpy, ``python -m perfmon.agent``, the call that runs the script) l
 stack would print them: ``traceback.print_stack()``, ``logging`` with ``stack_info=True``, ``inspect.stack()``, and
 autograd's anomaly mode, whose "Traceback of forward call that caused the error" comes from
 ``traceback.extract_stack()``. Those read the stack through ``traceback.walk_stack`` and
-``inspect.getouterframes``; their stand-ins stop where the launcher's frames begin. (Tracebacks of exceptions
+``inspect.getouterframes``; their stand-ins stop where the launcher's frames begin. pdb (``breakpoint()``) reads
+it through ``bdb.Bdb``: its ``where`` lists no launcher frame, ``up`` stops at the script's oldest, and stepping off
+the end of the script ends it instead of stepping into the launcher. (Tracebacks of exceptions
 are trimmed where the launcher reports them. Stacks read in C, a profiler's ``with_stack`` or the allocator's
 history, still show the launcher's frames.)
 """
 
 from __future__ import annotations
 
+import bdb
 import inspect
 import itertools
 import runpy
@@ -64,4 +67,29 @@ def hide(caller: FrameType) -> None:
 
     traceback.walk_stack = stand_in(walk_stack, real_walk)
     inspect.getouterframes = stand_in(getouterframes, real_outer)
+    _hide_from_debuggers()
 
+
+def _hide_from_debuggers() -> None:
+    """pdb, and every debugger built on bdb: the stack it shows, and where it stops tracing. Done in
+    ``get_stack``, which a debugger calls from inside its trace function (where nothing is traced) as it stops."""
+    real_get_stack = bdb.Bdb.get_stack
+
+    def get_stack(self: bdb.Bdb, f: FrameType | None, t: Any) -> tuple[list[Any], int]:
+        bottom, below = None, f
+        while below is not None and not _is_launchers(below):
+            bottom, below = below, below.f_back
+        if bottom is not None and below is not None and self.botframe is not None and _is_launchers(self.botframe):
+            # set_trace() made the launcher's oldest frame the bottom: as under python, the script's oldest is,
+            # and nothing below it is traced (stepping off the script's end ends it)
+            self.botframe = bottom
+            while below is not None:
+                below.f_trace = None
+                below = below.f_back
+        stack, i = real_get_stack(self, f, t)
+        k = 0
+        while k < len(stack) and _is_launchers(stack[k][0]):  # oldest first: the launcher's come first
+            k += 1
+        return stack[k:], max(0, i - k)
+
+    bdb.Bdb.get_stack = stand_in(get_stack, real_get_stack)  # type: ignore[method-assign]
