@@ -251,7 +251,7 @@ def test_script_stdout_and_stderr_stay_apart(env, tmp_path):
 
 
 STACK_SCRIPT = """
-import inspect, logging, os, runpy, sys, traceback
+import inspect, logging, os, runpy, sys, traceback, warnings
 import torch
 logging.basicConfig(format="%(levelname)s %(message)s")
 
@@ -275,17 +275,28 @@ for i in range(3):
             print("caught:", exc)
     opt.step()
     opt.zero_grad()
+
+
+def deprecated(what):
+    warnings.warn(what, FutureWarning, stacklevel=3)  # for a wrapper: called directly, past the script's stack
+
+
+deprecated("named sys:1 by python")
+for _ in range(2):
+    warnings.warn(UserWarning("once, in sys's registry"), stacklevel=4)
 """
 
 
 def test_the_script_sees_its_own_stack_as_under_plain_python(env, tmp_path):
     """Stacks printed while the script runs (traceback.print_stack, inspect.stack, logging's stack_info, autograd's
-    anomaly mode) end at the script's module frame, as under plain python: no frame of perfmon's launcher below."""
+    anomaly mode) end at the script's module frame, as under plain python: no frame of perfmon's launcher below;
+    a warning whose stacklevel reaches past it is sys:1's."""
     (tmp_path / "inner.py").write_text("import inspect\nprint('inner', [f.function for f in inspect.stack()])\n")
     plain, res, run = plain_and_headless(STACK_SCRIPT, "stack.py", env, tmp_path)
     assert plain.returncode == res.returncode == 0, res.stderr
     assert "'run_path', '<module>']" in plain.stdout
     assert "Traceback of forward call" in plain.stderr and "caught:" in plain.stdout
+    assert "sys:1: FutureWarning: named sys:1 by python" in plain.stderr
     assert res.stdout == plain.stdout
     assert (run / "stderr.log").read_text() == plain.stderr
 

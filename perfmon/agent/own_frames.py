@@ -7,7 +7,8 @@ autograd's anomaly mode, whose "Traceback of forward call that caused the error"
 ``traceback.extract_stack()``. Those read the stack through ``traceback.walk_stack`` and
 ``inspect.getouterframes``; their stand-ins stop where the launcher's frames begin. pdb (``breakpoint()``) reads
 it through ``bdb.Bdb``: its ``where`` lists no launcher frame, ``up`` stops at the script's oldest, and stepping off
-the end of the script ends it instead of stepping into the launcher. (Tracebacks of exceptions
+the end of the script ends it instead of stepping into the launcher. ``warnings.warn`` with a ``stacklevel`` past
+the script's oldest frame names ``sys:1``, as python does, not the launcher's line. (Tracebacks of exceptions
 are trimmed where the launcher reports them. Stacks read in C, a profiler's ``with_stack`` or the allocator's
 history, still show the launcher's frames.)
 """
@@ -18,7 +19,9 @@ import bdb
 import inspect
 import itertools
 import runpy
+import sys
 import traceback
+import warnings
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -68,6 +71,7 @@ def hide(caller: FrameType) -> None:
     traceback.walk_stack = stand_in(walk_stack, real_walk)
     inspect.getouterframes = stand_in(getouterframes, real_outer)
     _hide_from_debuggers()
+    _hide_from_warnings()
 
 
 def _hide_from_debuggers() -> None:
@@ -93,3 +97,35 @@ def _hide_from_debuggers() -> None:
         return stack[k:], max(0, i - k)
 
     bdb.Bdb.get_stack = stand_in(get_stack, real_get_stack)  # type: ignore[method-assign]
+
+
+def _past_the_script(frame: FrameType, stacklevel: int) -> bool:
+    """``stacklevel`` counted from ``frame`` (1: ``frame``) the way python's warnings count it (importlib's own
+    frames skipped) goes below the script's oldest frame."""
+    f: FrameType | None = frame
+    for _ in range(stacklevel - 1):
+        assert f is not None
+        f = f.f_back
+        while f is not None and "importlib" in f.f_code.co_filename and "_bootstrap" in f.f_code.co_filename:
+            f = f.f_back
+        if f is None or _is_launchers(f):
+            return True
+    return False
+
+
+def _hide_from_warnings() -> None:
+    """A warning whose ``stacklevel`` reaches past the script's stack: python, finding no frame there, names
+    ``sys:1`` (and keeps its once-registry in ``sys``); the launcher's frames are no place to name."""
+    real_warn = warnings.warn
+
+    def warn(message: Any, category: Any = None, stacklevel: int = 1, source: Any = None, **kwargs: Any) -> None:
+        if stacklevel > 1 and not kwargs and _past_the_script(sys._getframe(1), stacklevel):
+            if isinstance(message, Warning):
+                category = type(message)
+            registry = sys.__dict__.setdefault("__warningregistry__", {})
+            warnings.warn_explicit(message, category or UserWarning, "sys", 1, module="sys", registry=registry,
+                                   source=source)
+            return
+        real_warn(message, category, stacklevel + 1, source, **kwargs)  # + this frame
+
+    warnings.warn = stand_in(warn, real_warn)
