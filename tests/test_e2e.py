@@ -284,6 +284,7 @@ def deprecated(what):
 deprecated("named sys:1 by python")
 for _ in range(2):
     warnings.warn(UserWarning("once, in sys's registry"), stacklevel=4)
+warnings.warn("a level below 1 is the caller's", stacklevel=0)
 """
 
 

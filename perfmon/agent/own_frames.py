@@ -126,6 +126,8 @@ def _hide_from_warnings() -> None:
             warnings.warn_explicit(message, category or UserWarning, "sys", 1, module="sys", registry=registry,
                                    source=source)
             return
-        real_warn(message, category, stacklevel + 1, source, **kwargs)  # + this frame
+        # + this frame (python takes a stacklevel below 1 as 1: the caller's)
+        real_warn(message, category, max(stacklevel, 1) + 1 if isinstance(stacklevel, int) else stacklevel, source,
+                  **kwargs)
 
     warnings.warn = stand_in(warn, real_warn)
