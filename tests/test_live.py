@@ -166,6 +166,11 @@ def test_an_attached_monitor_hears_that_the_recording_stopped(agent, monkeypatch
     source.connect()
     got, done = [], threading.Event()
     threading.Thread(target=collect, args=(source, got, done), daemon=True).start()
+    deadline = time.monotonic() + 60
+    # served live from here on: what is published after the recording stops is nowhere else to refill from
+    while not any(m.get("type") == "hello" for m in list(got)):
+        assert time.monotonic() < deadline, "the monitor was never greeted"
+        time.sleep(0.01)
     publish_steps(agent, 1, 5)
     monkeypatch.setattr(recorder_mod, "CHECK_EVERY", 1)  # the next write looks, and finds the disk short
     monkeypatch.setattr(recorder_mod, "short_of_space", lambda path, reserve=None: "1 MiB left on the disk of X")
