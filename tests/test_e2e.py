@@ -302,6 +302,45 @@ def test_the_script_sees_its_own_stack_as_under_plain_python(env, tmp_path):
     assert (run / "stderr.log").read_text() == plain.stderr
 
 
+COMPILED_OPTIMIZER_SCRIPT = """
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01))
+sched = torch.optim.lr_scheduler.LinearLR(opt, total_iters=5)
+
+
+@torch.compile(backend="eager")  # PyTorch's recipe "Compiling the optimizer with torch.compile"
+def opt_step():
+    opt.step()
+    sched.step()
+
+
+for i in range(8):
+    loss = model(torch.randn(32, 16)).pow(2).mean()
+    loss.backward()
+    opt_step()
+    opt.zero_grad(set_to_none=True)
+print("steps", i + 1, "loss", round(loss.item(), 5))
+"""
+
+_LOG_PREFIX = re.compile(r"^[WIE]\d{4} [\d:.]+ \d+ ", re.M)  # torch's log lines: time and pid
+
+
+def test_a_compiled_optimizer_step_runs_and_counts_as_under_plain_python(env, tmp_path):
+    """The recipe's compiled optimizer step: its hooks run from compiled code, and perfmon's discovery, which ends
+    at the first optimizer step, was compiled by dynamo frame by frame; with the script's stack hidden, torch's
+    FakeTensorMode then failed on dynamo's own code objects (an agent error, and no forward timed)."""
+    plain, res, run = plain_and_headless(COMPILED_OPTIMIZER_SCRIPT, "compiled_opt.py", env, tmp_path)
+    assert plain.returncode == res.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout
+    assert _LOG_PREFIX.sub("", (run / "stderr.log").read_text()) == _LOG_PREFIX.sub("", plain.stderr)
+    rep = report(run, env)
+    assert rep["steps"] == 8 and not rep.get("agent_errors"), rep.get("agent_errors")
+    assert rep["phases"]["forward"]["p50_ms"] > 0  # the model was found and timed
+
+
 PDB_SCRIPT = """
 import torch
 model = torch.nn.Linear(2, 1)

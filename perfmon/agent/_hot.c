@@ -67,13 +67,61 @@ static inline double now(void) {
 
 static inline int is_none(PyObject *o) { return o == NULL || o == Py_None; }
 
+/* -- perfmon's Python, run eagerly from inside compiled code ---------------------------------------------
+ * A hook that code made by torch.compile calls (an optimizer step compiled with it: dynamo cannot trace a C hook,
+ * so the compiled code calls it as it is) runs with dynamo's frame callback set on this thread, and every Python
+ * frame perfmon's bookkeeping then enters would be compiled as a frame of its own (graph breaks, recompiles, and
+ * dynamo's errors on perfmon's code). Around those calls the callback is put aside, as torch.compiler.disable
+ * does, and put back after. Nothing is done while no frame evaluator but CPython's is installed (PEP 523). */
+
+static PyObject *set_eval_frame;  /* torch._C._dynamo.eval_frame.set_eval_frame, once found */
+
+/* The callback to put back (a new reference), or NULL where there is none. Keeps any error already set. */
+static PyObject *eager_begin(void) {
+    PyThreadState *ts = PyThreadState_Get();
+    if (_PyInterpreterState_GetEvalFrameFunc(PyThreadState_GetInterpreter(ts)) == _PyEval_EvalFrameDefault)
+        return NULL;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *prev = NULL;
+    if (set_eval_frame == NULL) {
+        PyObject *name = PyUnicode_FromString("torch._C._dynamo.eval_frame");
+        PyObject *mod = name == NULL ? NULL : PyImport_GetModule(name);  /* only if loaded: no import here */
+        Py_XDECREF(name);
+        if (mod != NULL) {
+            set_eval_frame = PyObject_GetAttrString(mod, "set_eval_frame");
+            Py_DECREF(mod);
+        }
+    }
+    if (set_eval_frame != NULL) {
+        prev = PyObject_CallOneArg(set_eval_frame, Py_None);
+        if (prev == Py_None) Py_CLEAR(prev);
+    }
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+    return prev;
+}
+
+static void eager_end(PyObject *prev) {
+    if (prev == NULL) return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *r = PyObject_CallOneArg(set_eval_frame, prev);
+    Py_XDECREF(r);
+    Py_DECREF(prev);
+    PyErr_Clear();
+    PyErr_Restore(type, value, tb);
+}
+
 /* An error of perfmon's own bookkeeping: to inst._on_error("hooks", exc), never into training. */
 static void report(PyObject *inst) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     if (value != NULL) {
+        PyObject *dyn = eager_begin();
         PyObject *r = PyObject_CallMethodObjArgs(inst, s_on_error, s_hooks, value, NULL);
+        eager_end(dyn);
         Py_XDECREF(r);
     }
     PyErr_Clear();
@@ -585,7 +633,9 @@ static inline int fast_on(State *st) { return st->ring != NULL || !is_none(st->s
 /* A whole event tuple to the sink (the ring takes its compact form instead). -1 with an error set. */
 static int to_sink(State *st, PyObject *ev) {
     PyObject *sink = Py_NewRef(st->sink);
+    PyObject *dyn = eager_begin();
     PyObject *r = PyObject_CallOneArg(sink, ev);
+    eager_end(dyn);
     Py_DECREF(sink);
     if (r == NULL) return -1;
     Py_DECREF(r);
@@ -616,7 +666,9 @@ static int emit_obj(State *st, int code, PyObject *arg) {
 
 /* inst._emit(code, arg): an event without the fast path (Instrumentation.fast unset). -1 with an error set. */
 static int call_slow_emit(PyObject *inst, int code, PyObject *arg) {
+    PyObject *dyn = eager_begin();
     PyObject *r = PyObject_CallMethodObjArgs(inst, s_emit, codes[code], arg, NULL);
+    eager_end(dyn);
     if (r == NULL) return -1;
     Py_DECREF(r);
     return 0;
@@ -624,7 +676,7 @@ static int call_slow_emit(PyObject *inst, int code, PyObject *arg) {
 
 /* inst.begin(phase) or inst.begin(phase, key=key): the Python hooks' slow path, which catches its own errors */
 static void call_slow(PyObject *inst, PyObject *method, PyObject *phase, PyObject *arg, PyObject *key) {
-    PyObject *r;
+    PyObject *r, *dyn = eager_begin();
     if (key != NULL) {  /* inst.method(phase, arg, key=key) */
         PyObject *call[4] = {inst, phase, arg != NULL ? arg : Py_None, key};
         r = PyObject_VectorcallMethod(method, call, 3, kw_key);
@@ -633,6 +685,7 @@ static void call_slow(PyObject *inst, PyObject *method, PyObject *phase, PyObjec
     } else {
         r = PyObject_CallMethodObjArgs(inst, method, phase, NULL);
     }
+    eager_end(dyn);
     if (r == NULL) report(inst);
     else Py_DECREF(r);
 }
@@ -640,9 +693,11 @@ static void call_slow(PyObject *inst, PyObject *method, PyObject *phase, PyObjec
 /* The step ended: the commands' boundary. With the agent's Commands at hand, count the boundary and look at what
  * could be due (the common case: nothing, and no Python call); else Instrumentation._boundary(). */
 static void step_ended(State *st, PyObject *inst) {
-    PyObject *r;
+    PyObject *r, *dyn;
     if (st->commands == NULL) {
+        dyn = eager_begin();
         r = PyObject_CallMethodNoArgs(inst, s_boundary);
+        eager_end(dyn);
     } else {
         CommandState *c = (CommandState *)st->commands;
         c->boundaries++;
@@ -650,7 +705,9 @@ static void step_ended(State *st, PyObject *inst) {
             && is_none(c->next_every) && is_none(c->next_time))
             return;
         Py_INCREF(c);
+        dyn = eager_begin();
         r = PyObject_CallMethodNoArgs((PyObject *)c, s_after_count);
+        eager_end(dyn);
         Py_DECREF(c);
     }
     if (r == NULL) report(inst);
@@ -933,7 +990,9 @@ static PyObject *OptimizerHook_vectorcall(PyObject *op, PyObject *const *args, s
             int known = key == NULL ? -1 : PySet_Contains(self->known, key);
             if (known < 0) report(inst);
             else if (!known) {
+                PyObject *dyn = eager_begin();
                 PyObject *r = PyObject_CallMethodOneArg(inst, s_note_optimizer, opt);
+                eager_end(dyn);
                 if (r == NULL) report(inst);
                 else Py_DECREF(r);
             }
@@ -958,7 +1017,9 @@ static PyObject *OptimizerHook_vectorcall(PyObject *op, PyObject *const *args, s
         }
         if (closure != NULL && closure != Py_None) {  /* step(closure); step(None) and step(**others) go as they came */
             Py_XDECREF(key);
+            PyObject *dyn = eager_begin();
             PyObject *r = PyObject_CallMethodObjArgs(inst, s_wrap_closure, a, kw, NULL);
+            eager_end(dyn);
             if (r == NULL) { report(inst); Py_RETURN_NONE; }
             return r;
         }
@@ -967,7 +1028,9 @@ static PyObject *OptimizerHook_vectorcall(PyObject *op, PyObject *const *args, s
         st->depth = 0;
         if (emit(st, END_BOUNDARY, TAG_OPTIMIZER, 0, opt, 0) < 0) report(inst);
         if (st->discovering) {
+            PyObject *dyn = eager_begin();
             PyObject *r = PyObject_CallMethodNoArgs(inst, s_finish_discovery);
+            eager_end(dyn);
             if (r == NULL) report(inst);
             Py_XDECREF(r);
         }

@@ -29,17 +29,23 @@ from typing import Any
 from perfmon.agent.stand_in import replaced, stand_in
 
 #: runpy's frames between the launcher's call and the module it runs (``-m``, a directory's ``__main__.py``).
-#: ``_run_code``, which python's own ``-m`` shows too, is not among them.
-_RUNPY = frozenset(fn.__code__ for fn in (runpy.run_module, runpy.run_path, runpy._run_module_code))
+#: ``_run_code``, which python's own ``-m`` shows too, is not among them. Compared by identity: a code object's
+#: hash is its constants', and dynamo's generated code (a compiled function's resume, on the stack while torch's
+#: FakeTensorMode takes ``traceback.extract_stack()``) holds unhashable ones.
+_RUNPY = tuple(fn.__code__ for fn in (runpy.run_module, runpy.run_path, runpy._run_module_code))
 _launcher: frozenset[FrameType] = frozenset()
 
 
 def _is_launchers(frame: FrameType) -> bool:
     """``frame`` is the launcher's, or runpy's working for the launcher (never for the script's own runpy call)."""
     f: FrameType | None = frame
-    while f is not None and f.f_code in _RUNPY:
+    while f is not None and _is_runpy(f.f_code):
         f = f.f_back
     return f in _launcher
+
+
+def _is_runpy(code: Any) -> bool:
+    return any(code is c for c in _RUNPY)
 
 
 def hide(caller: FrameType) -> None:
