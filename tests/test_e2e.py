@@ -341,6 +341,18 @@ def test_a_compiled_optimizer_step_runs_and_counts_as_under_plain_python(env, tm
     assert rep["phases"]["forward"]["p50_ms"] > 0  # the model was found and timed
 
 
+def test_the_summary_starts_below_a_progress_line_the_script_left_open(env, tmp_path):
+    """A script whose stderr ends mid-line (a progress bar redrawn after a carriage return): its bytes come through
+    as they are, and perfmon's summary starts on the next line rather than on the end of the bar."""
+    script = ("import sys, torch\nm = torch.nn.Linear(2, 1)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+              "for i in range(5):\n    m(torch.randn(2, 2)).sum().backward(); o.step(); o.zero_grad()\n"
+              "    sys.stderr.write(f'\\rtrain {i + 1}/5')\n")
+    plain, res, _ = plain_and_headless(script, "bar.py", env, tmp_path)
+    assert plain.returncode == res.returncode == 0, res.stderr
+    assert plain.stderr.endswith("train 5/5")  # (read as text: the carriage returns read as newlines)
+    assert res.stderr.startswith(plain.stderr + "\nperfmon summary: "), res.stderr[:300]
+
+
 PDB_SCRIPT = """
 import torch
 model = torch.nn.Linear(2, 1)

@@ -217,3 +217,36 @@ def test_script_output_drains_whole_at_the_end(tmp_path: Path, monkeypatch: pyte
     output.drain()
     assert out.getvalue().endswith(b"last line\n") and len(out.getvalue()) == 64 * 40 + 10
     assert err.getvalue() == b"warning\n"
+
+
+def test_perfmon_lines_start_below_a_line_the_script_left_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A progress bar redrawn after "\\r", or print(end=""), leaves the terminal mid-line: perfmon's status lines,
+    warnings and summary start on the next line instead of on the end of the script's (once: the line is ended)."""
+    import types
+
+    from perfmon.monitor import headless
+    from perfmon.monitor.headless import ScriptOutput
+
+    out, err = io.BytesIO(), io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(buffer=out))
+    monkeypatch.setattr(sys, "stderr", types.SimpleNamespace(buffer=err))
+    monkeypatch.setattr(headless, "_same_terminal", lambda: False)
+    (tmp_path / "output.log").write_bytes(b"")
+    (tmp_path / "stderr.log").write_bytes(b"")
+    output = ScriptOutput(tmp_path)
+    assert output.fresh_line() == ""  # nothing written yet
+    with open(tmp_path / "stderr.log", "ab") as f:
+        f.write(b"\r 45%|####      | 45/100")
+    with open(tmp_path / "output.log", "ab") as f:
+        f.write(b"epoch 1 ")
+    output.pump()
+    assert output.fresh_line() == "\n" and output.fresh_line() == ""
+    with open(tmp_path / "stderr.log", "ab") as f:
+        f.write(b"done\n")
+    output.pump()
+    assert output.fresh_line() == ""  # stdout's open line is elsewhere: stdout is not this terminal
+
+    monkeypatch.setattr(headless, "_same_terminal", lambda: True)  # both streams on one terminal: either counts
+    shared = ScriptOutput(tmp_path)
+    shared.drain()
+    assert shared.fresh_line() == "\n"

@@ -7,6 +7,7 @@ dashboard.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ class LogTail:
     def __init__(self, path: Path, out: BinaryIO) -> None:
         self.tail = Tail(path, max_read=self.CHUNK)
         self.out = out
+        self.last = b"\n"  # the last byte copied: a line of perfmon's own must not go on the end of the script's
 
     def pump(self) -> int:
         """Copy what was appended since the last call; returns its size in bytes."""
@@ -41,6 +43,7 @@ class LogTail:
             data = self.tail.read()
             total += len(data)
             if data:
+                self.last = data[-1:]
                 try:
                     self.out.write(data)
                     self.out.flush()
@@ -57,6 +60,18 @@ class ScriptOutput:
     def __init__(self, run_dir: Path) -> None:
         self.tails = (LogTail(run_dir / paths.OUTPUT_LOG, sys.stdout.buffer),
                       LogTail(run_dir / paths.STDERR_LOG, sys.stderr.buffer))
+        # where perfmon's own lines (stderr) land: the script's stderr, and its stdout too on a shared terminal
+        self._beside = [self.tails[1]] + ([self.tails[0]] if _same_terminal() else [])
+
+    def fresh_line(self) -> str:
+        """A newline where the script left a line open where perfmon's next line goes (a progress bar redrawn after
+        a carriage return, ``print(end="")``): that line stays and perfmon's starts below it, as ``tqdm.write``
+        does. Else ""."""
+        if all(tail.last == b"\n" for tail in self._beside):
+            return ""
+        for tail in self._beside:
+            tail.last = b"\n"
+        return "\n"
 
     def pump(self) -> int:
         """Copy what each stream wrote since the last call (a bounded amount); returns the bytes copied."""
@@ -66,6 +81,13 @@ class ScriptOutput:
         """Copy everything there is: the job is over."""
         while self.pump():
             pass
+
+
+def _same_terminal() -> bool:
+    try:
+        return os.isatty(1) and os.isatty(2) and os.ttyname(1) == os.ttyname(2)
+    except OSError:
+        return False
 
 
 def follow(source: Source, state: RunState, lock: threading.Lock) -> threading.Thread:
@@ -113,15 +135,15 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
                     said_wandb = True
                     said_now.append(warning_line("", failed[0]))
                 for line in said_now:
-                    print(line, file=err, flush=True)
+                    print(tail.fresh_line() + line, file=err, flush=True)
                 for f in new:
-                    print(f"[perfmon] finding{format_finding(f.severity, f.id, f.title, f.fix)[1:]}", file=err,
-                          flush=True)
+                    print(f"{tail.fresh_line()}[perfmon] finding{format_finding(f.severity, f.id, f.title, f.fix)[1:]}",
+                          file=err, flush=True)
                 next_rules += 1.0
             if time.monotonic() >= next_status:
                 with lock:
                     line = status_line(state)
-                print(line, file=err, flush=True)
+                print(tail.fresh_line() + line, file=err, flush=True)
                 next_status += interval
             time.sleep(0.1)
         returncode = proc.wait()
@@ -129,14 +151,14 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             source.close()
         follower.join(timeout=2.0)
         if follower.is_alive():  # a monitor that was frozen reads the rest from the recording
-            print("[perfmon] job ended; catching up with the recording...", file=err, flush=True)
+            print(tail.fresh_line() + "[perfmon] job ended; catching up with the recording...", file=err, flush=True)
             follower.join(timeout=600.0)
         tail.drain()
         with lock:
             for who, text in warnings.new(state):  # the job's last second: said here, or never
-                print(warning_line(who, text), file=err, flush=True)
+                print(tail.fresh_line() + warning_line(who, text), file=err, flush=True)
             summary = finalize_recording(proc.run_dir, state, returncode, rules)
-            print(format_summary(state, summary), file=err, flush=True)
+            print(tail.fresh_line() + format_summary(state, summary), file=err, flush=True)
         if exports is not None:
             exports.close()
         return exit_status(returncode)
