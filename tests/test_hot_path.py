@@ -339,7 +339,7 @@ def test_hooks_end_their_phase_and_reraise_when_the_call_fails(accelerated):
         with pytest.raises(KeyError, match="bad sample 0"):
             next(iter(DataLoader(Broken())))
         # (the failed backward ended a step: no optimizer exists, so a BOUNDARY comes first)
-        assert events[-2:] == [(0, "data"), (1, ("data", None))] and inst.bounds.in_data == 0 and inst.bounds.depth == 0
+        assert events[-2:] == [(0, "data"), (1, ("data", False))] and inst.bounds.in_data == 0 and inst.bounds.depth == 0
     finally:
         inst.uninstall()
 

@@ -457,6 +457,36 @@ def test_final_evaluation_after_the_last_step_is_counted_at_finish():
     assert tracker.outside["evaluation"] == pytest.approx(0.012)
 
 
+def test_an_epochs_end_is_not_evaluation():
+    """The fetch that finds the loader done (StopIteration; a multi-worker loader shuts its workers down in it) is
+    the data of the next epoch's first step, or "other" after the last step: a loop with epochs and no evaluation
+    showed "evaluation" time."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(2):
+        for _ in range(3):
+            s.phase("data", 1, 8).forward(2).phase("backward", 2).phase("optimizer", 1)
+        s.phase("data", 4, False)  # ("data", False): the fetch raised
+    steps = s.run(tracker)
+    finished = tracker.finish()
+    assert finished is None and len(steps) == 6
+    assert steps[3].phases["data"] == pytest.approx(0.005)  # the epoch's turn is the next step's data
+    assert tracker.outside["evaluation"] == 0 and tracker.outside["other"] == pytest.approx(0.004)
+
+
+def test_validation_after_an_epochs_end_is_still_evaluation():
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(4):
+        s.phase("data", 1, 8).forward(2).phase("backward", 2).phase("optimizer", 1)
+        if i == 1:
+            s.phase("data", 4, False)
+            for _ in range(3):
+                s.phase("data", 2, 64).nograd_forward(3)
+    assert len(s.run(tracker)) == 4
+    assert tracker.outside["evaluation"] == pytest.approx(0.004 + 3 * 0.005)
+
+
 def test_two_loaders_zipped_are_one_fetch_of_the_step():
     s = Seq().mark(OPTIMIZER_CREATED)
     for _ in range(3):

@@ -46,7 +46,7 @@
 #define TAG_OBJ 0        /* the whole event is `obj` (appended from Python) */
 #define TAG_PHASE 1      /* phase_names[kind] */
 #define TAG_DATA 2       /* ("data", n) */
-#define TAG_DATA_NONE 3  /* ("data", None) */
+#define TAG_DATA_NONE 3  /* ("data", None); kind 1: ("data", False), the fetch raised (StopIteration: the loader is done) */
 #define TAG_FORWARD 4    /* ("forward", id(ptr), kind) */
 #define TAG_OPTIMIZER 5  /* ("optimizer", id(ptr)) */
 
@@ -246,7 +246,7 @@ static PyObject *make_arg_ids(int tag, int kind, const void *ptr, long n, Ids *i
         Py_DECREF(a);
         return r;
     case TAG_DATA_NONE:
-        return PyTuple_Pack(2, phase_names[PH_DATA], Py_None);
+        return PyTuple_Pack(2, phase_names[PH_DATA], kind ? Py_False : Py_None);
     case TAG_FORWARD:
         if ((a = id_of(ids, ptr)) == NULL) return NULL;
         if ((b = PyLong_FromLong(kind)) == NULL) { Py_DECREF(a); return NULL; }
@@ -327,7 +327,7 @@ static Py_ssize_t steady_len(Slot *buf, Py_ssize_t cap, Py_ssize_t head, Py_ssiz
     if (s->code == BEGIN && s->tag == TAG_PHASE && s->kind == PH_DATA) {
         if (i + 8 > len) return 0;
         Slot *e = AT(i + 1);
-        if (e->code != END || (e->tag != TAG_DATA && e->tag != TAG_DATA_NONE)) return 0;
+        if (e->code != END || (e->tag != TAG_DATA && (e->tag != TAG_DATA_NONE || e->kind))) return 0;
         j = i + 2;
     } else if (i + 6 > len) {
         return 0;
@@ -848,7 +848,7 @@ static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t na
         if (!data) {
             r = emit(st, END, TAG_PHASE, PH_BACKWARD, NULL, 0);
         } else if (n == NULL) {
-            r = emit(st, END, TAG_DATA_NONE, 0, NULL, 0);
+            r = emit(st, END, TAG_DATA_NONE, result == NULL, NULL, 0);
         } else {
             long value = PyLong_AsLong(n);
             if (value == -1 && PyErr_Occurred()) {  /* no C long: the tuple itself */
@@ -862,7 +862,7 @@ static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t na
         }
         if (r < 0) report(inst);
     } else if (data) {
-        PyObject *arg = PyTuple_Pack(2, self->phase, n != NULL ? n : Py_None);
+        PyObject *arg = PyTuple_Pack(2, self->phase, n != NULL ? n : result == NULL ? Py_False : Py_None);
         if (arg == NULL) report(inst);
         else {
             call_slow(inst, s_end, self->phase, arg, NULL);

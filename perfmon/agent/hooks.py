@@ -305,7 +305,7 @@ class Instrumentation:
                 else:
                     self.begin("data")
                 bounds.in_data += 1
-                n = None
+                n: int | bool | None = False  # False: the fetch raised (StopIteration: the loader is done)
                 try:
                     batch = orig(it)
                     try:

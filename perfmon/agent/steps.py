@@ -220,7 +220,7 @@ class _Part:
 class _Segment:
     """A top-level data fetch, forward or checkpoint seen before this step's training work began."""
 
-    __slots__ = ("kind", "key", "copy", "begin", "end", "samples", "mark", "end_mark")
+    __slots__ = ("kind", "key", "copy", "begin", "end", "samples", "mark", "end_mark", "exhausted")
 
     def __init__(self, kind: str, key: Any, copy: bool, begin: float, mark: Any) -> None:
         self.kind = kind
@@ -231,6 +231,7 @@ class _Segment:
         self.samples = 0
         self.mark = mark
         self.end_mark: Any = None
+        self.exhausted = False  # a fetch that raised (the loader's StopIteration at an epoch's end)
 
 
 def _absorb(part: _Part, segs: list[_Segment]) -> None:
@@ -455,6 +456,8 @@ class StepTracker:
             if self._segments:
                 seg = self._segments[-1]
                 seg.end, seg.end_mark, seg.samples = t, mark, seg.samples + samples
+                if phase == "data" and type(arg) is tuple and arg[1] is False:
+                    seg.exhausted = True
             return
         if mark is not None and begin_mark is not None and phase in part.acc:
             part.mark_list(phase).append((begin_mark, mark))
@@ -519,7 +522,8 @@ class StepTracker:
         segs = self._segments[:upto]
         ckpt = min(total, sum(s.end - s.begin for s in segs if s.kind == CHECKPOINT))
         self.outside["checkpoint"] += ckpt
-        kind = "evaluation" if any(s.kind != CHECKPOINT for s in segs) else "other"
+        # an epoch's end (the fetch that finds the loader done, and its workers' shutdown) is not evaluation
+        kind = "evaluation" if any(s.kind != CHECKPOINT and not s.exhausted for s in segs) else "other"
         self.outside[kind] += total - ckpt
 
     def _commit(self) -> StepRecord | None:
