@@ -345,6 +345,27 @@ def test_hooks_end_their_phase_and_reraise_when_the_call_fails(accelerated):
 
 
 @pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
+def test_an_epoch_is_timed_from_its_iterator_to_the_fetch_that_finds_the_loader_done(accelerated):
+    """``iter(loader)`` is data (it starts the workers of a loader without persistent ones: seconds under spawn,
+    every epoch), and the fetch that raises StopIteration ends as ("data", False), not as a fetch of no tensor."""
+    events: list[tuple[int, Any]] = []
+    inst = Instrumentation(lambda code, arg=None: events.append((code, arg)), lambda *a: None, accelerated=accelerated)
+    inst.install()
+    inst.fast = lambda ev: events.append((ev[0], ev[2]))
+    try:
+        loader = DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)
+        for _ in range(2):
+            for _batch in loader:
+                pass
+        epoch = [(0, "data"), (1, ("data", None)), (0, "data"), (1, ("data", 2)), (0, "data"), (1, ("data", 2)),
+                 (0, "data"), (1, ("data", False))]
+        assert events == epoch + epoch
+        assert inst.loaders and inst.bounds.in_data == 0 and inst.bounds.depth == 0
+    finally:
+        inst.uninstall()
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
 def test_hooks_never_raise_their_own_errors_into_training(accelerated):
     errors: list[tuple[str, BaseException]] = []
     inst = Instrumentation(lambda *a: None, lambda where, exc: errors.append((where, exc)), accelerated=accelerated)

@@ -286,9 +286,11 @@ class Instrumentation:
         bounds = self.bounds
         hot = self._hot
         if hot is not None:
-            self._patch(dataloader._BaseDataLoaderIter, "__next__",
-                        lambda orig: hot.Timed(orig, self, bounds, "data", hot.DATA, torch.Tensor))
-            self._patch(dataloader.DataLoader, "__iter__", self._loader_iter)
+            def timed(orig: Callable) -> Callable:
+                return hot.Timed(orig, self, bounds, "data", hot.DATA, torch.Tensor)
+
+            self._patch(dataloader._BaseDataLoaderIter, "__next__", timed)
+            self._patch(dataloader.DataLoader, "__iter__", lambda orig: self._loader_iter(timed(orig)))
             return
 
         def make(orig: Callable) -> Callable:
@@ -329,7 +331,7 @@ class Instrumentation:
             return __next__
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", make)
-        self._patch(dataloader.DataLoader, "__iter__", self._loader_iter)
+        self._patch(dataloader.DataLoader, "__iter__", lambda orig: self._loader_iter(make(orig)))
 
     def _prefetch(self, orig: Callable, it: Any) -> Any:
         """A fetch on a thread that is not the training thread (a prefetching generator): not a phase of the
@@ -351,13 +353,15 @@ class Instrumentation:
             self._on_error("hooks", exc)
         return batch
 
-    def _loader_iter(self, orig: Callable) -> Callable:
+    def _loader_iter(self, timed: Callable) -> Callable:
+        """``DataLoader.__iter__``, timed as *data* (``timed``: the original, wrapped as a fetch is): a loader
+        without persistent workers starts them here at every epoch, seconds under spawn, which is input time."""
         def __iter__(loader: Any) -> Any:
             try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"
                 self.loaders[id(loader)] = loader_settings(loader)
             except Exception as exc:  # noqa: BLE001
                 self._on_error("loader", exc)
-            return orig(loader)
+            return timed(loader)
 
         return __iter__
 

@@ -60,22 +60,29 @@ class ScriptOutput:
     def __init__(self, run_dir: Path) -> None:
         self.tails = (LogTail(run_dir / paths.OUTPUT_LOG, sys.stdout.buffer),
                       LogTail(run_dir / paths.STDERR_LOG, sys.stderr.buffer))
-        # where perfmon's own lines (stderr) land: the script's stderr, and its stdout too on a shared terminal
-        self._beside = [self.tails[1]] + ([self.tails[0]] if _same_terminal() else [])
+        # what perfmon's own lines (on stderr) follow: the script's stderr, or whichever of its streams wrote last
+        # where stdout and stderr are one file (a terminal, `2>&1` into a log or a pipe)
+        self._beside = [self.tails[1]] + ([self.tails[0]] if _same_destination() else [])
+        self._last = b"\n"
 
     def fresh_line(self) -> str:
         """A newline where the script left a line open where perfmon's next line goes (a progress bar redrawn after
         a carriage return, ``print(end="")``): that line stays and perfmon's starts below it, as ``tqdm.write``
         does. Else ""."""
-        if all(tail.last == b"\n" for tail in self._beside):
+        if self._last == b"\n":
             return ""
-        for tail in self._beside:
-            tail.last = b"\n"
+        self._last = b"\n"
         return "\n"
 
     def pump(self) -> int:
         """Copy what each stream wrote since the last call (a bounded amount); returns the bytes copied."""
-        return sum(tail.pump() for tail in self.tails)
+        total = 0
+        for tail in self.tails:
+            n = tail.pump()
+            if n and tail in self._beside:
+                self._last = tail.last
+            total += n
+        return total
 
     def drain(self) -> None:
         """Copy everything there is: the job is over."""
@@ -83,11 +90,13 @@ class ScriptOutput:
             pass
 
 
-def _same_terminal() -> bool:
+def _same_destination() -> bool:
+    """Our stdout and stderr are one file: a terminal, or both redirected to one log or pipe (`2>&1`)."""
     try:
-        return os.isatty(1) and os.isatty(2) and os.ttyname(1) == os.ttyname(2)
+        out, err = os.fstat(1), os.fstat(2)
     except OSError:
         return False
+    return (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
 
 
 def follow(source: Source, state: RunState, lock: threading.Lock) -> threading.Thread:
@@ -116,6 +125,7 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
     said_wandb = False
     lock = threading.Lock()
     tail = ScriptOutput(proc.run_dir)
+    fresh = tail.fresh_line if err is sys.stderr else str  # the script's output is copied to our own streams
     with signals_to(proc):
         source = connect(proc)
         if exports is not None:  # --prometheus, --tensorboard, --wandb (perfmon.monitor.exports)
@@ -135,15 +145,15 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
                     said_wandb = True
                     said_now.append(warning_line("", failed[0]))
                 for line in said_now:
-                    print(tail.fresh_line() + line, file=err, flush=True)
+                    print(fresh() + line, file=err, flush=True)
                 for f in new:
-                    print(f"{tail.fresh_line()}[perfmon] finding{format_finding(f.severity, f.id, f.title, f.fix)[1:]}",
+                    print(f"{fresh()}[perfmon] finding{format_finding(f.severity, f.id, f.title, f.fix)[1:]}",
                           file=err, flush=True)
                 next_rules += 1.0
             if time.monotonic() >= next_status:
                 with lock:
                     line = status_line(state)
-                print(tail.fresh_line() + line, file=err, flush=True)
+                print(fresh() + line, file=err, flush=True)
                 next_status += interval
             time.sleep(0.1)
         returncode = proc.wait()
@@ -151,14 +161,14 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             source.close()
         follower.join(timeout=2.0)
         if follower.is_alive():  # a monitor that was frozen reads the rest from the recording
-            print(tail.fresh_line() + "[perfmon] job ended; catching up with the recording...", file=err, flush=True)
+            print(fresh() + "[perfmon] job ended; catching up with the recording...", file=err, flush=True)
             follower.join(timeout=600.0)
         tail.drain()
         with lock:
             for who, text in warnings.new(state):  # the job's last second: said here, or never
-                print(tail.fresh_line() + warning_line(who, text), file=err, flush=True)
+                print(fresh() + warning_line(who, text), file=err, flush=True)
             summary = finalize_recording(proc.run_dir, state, returncode, rules)
-            print(tail.fresh_line() + format_summary(state, summary), file=err, flush=True)
+            print(fresh() + format_summary(state, summary), file=err, flush=True)
         if exports is not None:
             exports.close()
         return exit_status(returncode)

@@ -83,6 +83,7 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
     job = JobState()
     lock = threading.Lock()
     tail = ScriptOutput(proc.run_dir)
+    fresh = tail.fresh_line if err is sys.stderr else str  # the script's output is copied to our own streams
     said: set[tuple[str, Any]] = set()
     warnings = WarningFeed()
     with signals_to(proc):
@@ -91,7 +92,7 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             exports.watch(lock, job=job, cfg=rules, send=source.send)
         node, line = start_nodes(proc, source)
         if line:
-            print(tail.fresh_line() + line, file=err, flush=True)
+            print(fresh() + line, file=err, flush=True)
         follower = follow_job(source, job, lock)
         next_status = next_rules = time.monotonic() + 1.0
         next_status += interval - 1.0
@@ -101,25 +102,25 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             relay_error = getattr(node, "error", None)  # a relay that cannot reach or convince the hub
             if relay_error and relay_error != relay_said:
                 relay_said = relay_error
-                print(f"{tail.fresh_line()}[perfmon] multi-node: {relay_error} (retrying)", file=err, flush=True)
+                print(f"{fresh()}[perfmon] multi-node: {relay_error} (retrying)", file=err, flush=True)
             now = time.monotonic()
             if now >= next_rules:
                 with lock:
                     found = evaluate_job(rank_rows(job, cfg.warmup_steps, cfg.min_steps), cfg)
                     said_now = warnings.new(job=job)
                 for who, text in said_now:
-                    print(tail.fresh_line() + warning_line(who, text), file=err, flush=True)
+                    print(fresh() + warning_line(who, text), file=err, flush=True)
                 for finding in found:
                     key = (finding.id, finding.evidence.get("rank"))
                     if key not in said:
                         said.add(key)
-                        print(f"{tail.fresh_line()}[perfmon] finding [{finding.severity}] {finding.id}: {finding.title}\n"
+                        print(f"{fresh()}[perfmon] finding [{finding.severity}] {finding.id}: {finding.title}\n"
                               f"      fix: {finding.fix}", file=err, flush=True)
                 next_rules = now + 5.0
             if now >= next_status:
                 with lock:
                     line = job_status_line(job)
-                print(tail.fresh_line() + line, file=err, flush=True)
+                print(fresh() + line, file=err, flush=True)
                 next_status = now + interval
             time.sleep(0.1)
         returncode = proc.wait()
@@ -132,10 +133,10 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
         tail.drain()
         with lock:
             for who, text in warnings.new(job=job):  # the job's last seconds: said here, or never
-                print(tail.fresh_line() + warning_line(who, text), file=err, flush=True)
+                print(fresh() + warning_line(who, text), file=err, flush=True)
             summary = finalize_job(proc.run_dir, job, returncode, rules)
             if summary is not None:
-                print(tail.fresh_line() + format_job_summary(job, summary), file=err, flush=True)
+                print(fresh() + format_job_summary(job, summary), file=err, flush=True)
             else:
-                print(f"{tail.fresh_line()}perfmon: no rank recorded anything (see {proc.run_dir / paths.STDERR_LOG})", file=err, flush=True)
+                print(f"{fresh()}perfmon: no rank recorded anything (see {proc.run_dir / paths.STDERR_LOG})", file=err, flush=True)
         return exit_status(returncode)
