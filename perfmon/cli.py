@@ -339,8 +339,10 @@ def _replay(argv: list[str]) -> int:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--speed", type=float, default=60.0, help="playback speed, x real time (default 60)")
     args = p.parse_args(argv)
-    from perfmon.analysis.job import is_job_dir
+    from perfmon.analysis.job import is_job_dir, spawned_ranks
 
+    if (ranks := spawned_ranks(run_dir_of(args.run_dir))) is not None:
+        args.run_dir = ranks  # a script that spawned its ranks: replay their job
     if is_job_dir(args.run_dir):
         return _replay_job(args.run_dir)
     try:

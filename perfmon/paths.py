@@ -166,6 +166,8 @@ def sample_interval(env: Mapping[str, str]) -> float:
 
 
 RANK_DIR_PREFIX = "rank-"
+#: The job dir of the ranks a script spawned itself (``torch.multiprocessing.spawn``), inside the script's run dir.
+SPAWNED_RANKS = "ranks"
 #: What a launched script writes, in its run dir: its stdout, and its stderr (each its own, as without perfmon).
 OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"

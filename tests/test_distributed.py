@@ -186,6 +186,72 @@ def test_a_run_dir_that_holds_a_job_is_not_reused(ddp_job, env):  # noqa: F811
     assert res.returncode == 2 and "already holds a recording" in res.stderr
 
 
+SPAWN_DDP = REPO / "demos" / "ddp" / "spawn_ddp.py"
+
+
+def test_ranks_the_script_spawns_are_followed_as_a_job(tmp_path, env):  # noqa: F811
+    """The DDP tutorial's own launcher, ``mp.spawn`` from the script: each spawned process records as a rank in
+    RUN/ranks/ (a job's run dir), the launcher follows them as a torchrun job and prints the job's summary, and
+    ``perfmon report RUN`` reads the ranks' job; the script runs as under plain python."""
+    without = subprocess.run([sys.executable, str(SPAWN_DDP), "--steps", str(STEPS)], cwd=tmp_path, env=env,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    run = tmp_path / "run"
+    res = perfmon(["--headless", "--interval", "1", "--run-dir", str(run), str(SPAWN_DDP), "--steps", str(STEPS)],
+                  env, timeout=180)
+    assert without.returncode == 0, without.stderr[-2000:]
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert done(res.stdout) == done(without.stdout) == {0: STEPS, 1: STEPS}
+    assert "perfmon job summary" in res.stderr and "2 ranks on 1 node" in res.stderr, res.stderr[-2000:]
+    assert "perfmon follows this process only" not in res.stderr  # the old warning: not followed
+    summary = report(run, env)  # the script's run dir: its ranks' job
+    assert summary["world_size"] == 2 and summary["exit_code"] == 0
+    for r in summary["ranks"]:
+        assert r["steps"] == STEPS and Path(r["run_dir"]) == run / "ranks" / f"rank-{r['rank']}"
+        assert json.loads((run / "ranks" / f"rank-{r['rank']}" / "summary.json").read_text())["steps"] == STEPS
+    assert json.loads((run / "ranks" / "summary.json").read_text())["world_size"] == 2
+    assert (run / "events.jsonl").is_file()  # the script's own recording stays
+
+
+SPAWN_FAIL_SCRIPT = """
+import torch
+import torch.multiprocessing as mp
+def train(rank):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(6):
+        if rank == 1 and i == 3:
+            raise RuntimeError(f"rank {rank} broke at step {i}")
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+if __name__ == "__main__":
+    mp.start_processes(train, nprocs=2, start_method="fork")
+"""
+
+
+def test_a_spawned_rank_that_fails_is_named_and_its_traceback_is_the_scripts(tmp_path, env):  # noqa: F811
+    """A rank the script spawned raises: the script fails as under python, with the rank's traceback as python
+    prints it (no frame of perfmon's: the rank's function is called from C), and the job summary names it."""
+    script = tmp_path / "fails.py"
+    script.write_text(SPAWN_FAIL_SCRIPT)
+    res = perfmon(["--headless", "--run-dir", str(tmp_path / "run"), str(script)], env, timeout=180)
+    assert res.returncode == 1, res.stderr[-3000:]
+    traceback_text = res.stderr[:res.stderr.index("perfmon job summary")]
+    assert "RuntimeError: rank 1 broke at step 3" in traceback_text and "in train" in traceback_text
+    if hot_path_built():
+        assert "perfmon" not in traceback_text, traceback_text
+    assert "rank 1 failed: RuntimeError: rank 1 broke at step 3" in res.stderr
+    summary = report(tmp_path / "run", env)
+    # rank 0 is terminated by torch when rank 1 fails, at whatever step it reached
+    assert {r["rank"]: r["steps"] for r in summary["ranks"]}[1] == 3 and summary["failed_rank"]["rank"] == 1
+
+
+def hot_path_built() -> bool:
+    from perfmon.agent.native import HOT
+
+    return HOT is not None
+
+
 WARNING_SCRIPT = """
 import torch.multiprocessing as mp
 try:  # each rank warns as the processes start; the start fails at once, and the rank ends

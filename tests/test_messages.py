@@ -132,3 +132,12 @@ def test_a_fed_readings_job_fields_are_read_into_the_sample():
     assert g0.proc_mem_reason == messages.PROC_NOT_VISIBLE and g1.proc_mem_reason == "NVML process list unavailable"
     own = messages.parse(protocol.message("sample", t=1.0, host={"torch_threads": 4}, torch_threads=8))
     assert own.host.torch_threads == 4  # a job's own reading says it in host
+
+
+def test_the_ranks_a_script_spawned_are_read_with_their_dir_and_world():
+    from perfmon.messages import Other, RanksSpawned, parse
+
+    ok = parse({"v": 1, "type": "event", "kind": "ranks", "seq": 3, "job_dir": "/r/ranks", "world_size": 4, "t": 1.0})
+    assert ok == RanksSpawned(seq=3, job_dir="/r/ranks", world_size=4)
+    for bad in ({"job_dir": 7, "world_size": 4}, {"job_dir": "/r/ranks"}, {"job_dir": "/r/ranks", "world_size": 0}):
+        assert isinstance(parse({"v": 1, "type": "event", "kind": "ranks", "seq": 4, **bad}), Other)

@@ -502,3 +502,30 @@ def test_output_tail_and_cleaning(tmp_path: Path) -> None:
     assert clean_line("epoch 1:  10%\repoch 1: 100%\r") == "epoch 1: 100%"
     assert last_frame(None) is None
     assert last_frame(TRACEBACK) == "train.py:37 in main"
+
+
+@pytest.mark.parametrize("launched, recorded", [(True, True), (True, False), (False, True)],
+                         ids=["launched", "no-rank-yet", "replay"])
+async def test_a_launched_script_that_spawns_its_ranks_hands_over_to_the_ranks_dashboard(
+        tmp_path: Path, launched: bool, recorded: bool) -> None:
+    """The script's agent says it spawned its ranks (torch.multiprocessing.spawn): once a rank records, the launched
+    dashboard leaves with SPAWNED, and the launcher reopens it on the ranks' job (monitor.dashboard). Before any
+    rank records (a start that failed), and in a replay, it stays."""
+    from perfmon.tui.shell import SPAWNED
+
+    app = make_app(tmp_path, exit=None, process=launched)
+    if recorded:
+        (tmp_path / "run" / "ranks" / "rank-0").mkdir(parents=True)
+        (tmp_path / "run" / "ranks" / "rank-0" / "events.jsonl").write_text("")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        app.state.apply({"v": protocol.VERSION, "type": "event", "kind": "ranks", "seq": 10 ** 9,
+                         "job_dir": str(tmp_path / "run" / "ranks"), "world_size": 2, "t": START})
+        assert app.state.spawned is not None and app.state.spawned.world_size == 2
+        for _ in range(100):  # the once-a-second tick
+            if not app.is_running:
+                break
+            await pilot.pause(0.05)
+        assert (app.outcome == SPAWNED) == (launched and recorded)
+        if launched:
+            app.process.end(0)

@@ -1629,8 +1629,40 @@ fail:
 
 static PyObject *hot_clock(PyObject *m, PyObject *Py_UNUSED(ignored)) { (void)m; return PyFloat_FromDouble(now()); }
 
+/* run_rank(start, finish, fn, i, *args): start(i) -> token; fn(i, *args), its result or its exception passed on as
+ * they are; finish(token, the exception or None) in between. In C, so that a rank's traceback has no frame of
+ * perfmon's between torch's spawn wrapper and the script's function. start's and finish's errors are dropped
+ * (each catches its own: the rank runs regardless). */
+static PyObject *run_rank(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+    (void)m;
+    if (nargs < 4) {
+        PyErr_SetString(PyExc_TypeError, "run_rank(start, finish, fn, i, *args)");
+        return NULL;
+    }
+    PyObject *token = PyObject_CallOneArg(args[0], args[3]);
+    if (token == NULL) {
+        PyErr_Clear();
+        token = Py_NewRef(Py_None);
+    }
+    PyObject *result = PyObject_Vectorcall(args[2], args + 3, (size_t)(nargs - 3), NULL);
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (result == NULL) {
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (value != NULL && tb != NULL) PyException_SetTraceback(value, tb);
+    }
+    PyObject *r = PyObject_CallFunctionObjArgs(args[1], token, value != NULL ? value : Py_None, NULL);
+    if (r == NULL) PyErr_Clear();
+    Py_XDECREF(r);
+    Py_DECREF(token);
+    if (result == NULL) PyErr_Restore(type, value, tb);
+    return result;
+}
+
 static PyMethodDef hot_methods[] = {
     {"clock", hot_clock, METH_NOARGS, "The hooks' clock: time.perf_counter()'s, read as the C hooks read it."},
+    {"run_rank", (PyCFunction)(void (*)(void))run_rank, METH_FASTCALL,
+     "run_rank(start, finish, fn, i, *args): fn(i, *args) between start(i) and finish(token, exception or None)."},
     {"step_rows", step_rows, METH_VARARGS, "step_rows(records, off, cut) -> (rows, bulk sums or None)."},
     {"format_fixed", format_fixed, METH_VARARGS, "format_fixed(x, prec) -> '%.<prec>f' % x, as step_rows writes it."},
     {"steady_steps", steady_steps, METH_VARARGS,

@@ -7,6 +7,7 @@ right after the script's own ``import torch`` completes, through a one-shot impo
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
@@ -21,13 +22,18 @@ from perfmon import _api, paths
 from perfmon.agent import exits, own_threads
 from perfmon.agent.runtime import Agent
 
+#: A process the job spawned, recording as one of its ranks (``spawned.run_rank``): the job's dir, this rank, the
+#: world size, and the pid of the launcher that follows the job (None: nobody does).
+Rank = tuple[Path, int, int, "str | None"]
 
-def _meta(target: str, argv: list[str], module: bool, run_dir: Path) -> dict[str, Any]:
+
+def _meta(target: str, argv: list[str], module: bool, run_dir: Path, rank: Rank | None = None) -> dict[str, Any]:
     try:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
-    where = paths.placement()
+    where = paths.placement() if rank is None else {"rank": rank[1], "local_rank": rank[1], "world_size": rank[2],
+                                                    "node": 0}
     return {
         "script": target, "module": module, "argv": argv, "cwd": os.getcwd(), "pid": os.getpid(),
         "start": time.time(), "run_dir": str(run_dir), "python": sys.executable,
@@ -72,16 +78,19 @@ def _launcher_start() -> float | None:
         return None
 
 
-def start_agent(target: str, argv: list[str], module: bool = False) -> Agent | None:
-    """Create and start the agent; returns None (and says why) if it cannot start."""
+def start_agent(target: str, argv: list[str], module: bool = False, rank: Rank | None = None) -> Agent | None:
+    """Create and start the agent; returns None (and says why) if it cannot start. ``rank``: this process is one
+    the job spawned, recording as that rank of it."""
     try:
-        run_dir = _run_dir(target)
+        run_dir = _run_dir(target) if rank is None else paths.rank_dir(rank[0], rank[1])
         interval = paths.sample_interval(os.environ)
         # the launcher that started this process samples the host and GPUs from outside it and sends the readings
         fed = os.environ.get("PERFMON_SAMPLER") == "launcher" and os.environ.get(paths.LAUNCHER_ENV) == str(
             os.getppid())
-        agent = Agent(run_dir, _meta(target, argv, module, run_dir), sample_interval=interval if interval > 0 else None,
-                      fed=fed)
+        agent = Agent(run_dir, _meta(target, argv, module, run_dir, rank),
+                      sample_interval=interval if interval > 0 else None, fed=fed)
+        if rank is not None:
+            agent.summary_by = rank[3]
         agent.start()
     except Exception as exc:  # noqa: BLE001 - without an agent the script still runs
         print(f"perfmon: agent could not start ({exc}); running the script unmonitored", file=sys.stderr)
@@ -109,8 +118,13 @@ def install_hooks(agent: Agent) -> None:
         agent.commands = Commands(agent, _profile_config())
         agent.commands.read_torch_threads()  # on the thread that imported torch: the script's, as a rule
         # the commands' own boundary check, called straight from the hooks at every step end (not via the agent)
+        follow_spawn = None
+        if agent.meta.get("rank") is None:  # a job's own ranks are not followed again
+            from perfmon.agent import spawned
+
+            follow_spawn = functools.partial(spawned.follow, agent)
         inst = Instrumentation(agent.emit, agent.record_error, agent.commands.boundary, commands=agent.commands,
-                               warn=agent.warn)
+                               warn=agent.warn, follow_spawn=follow_spawn)
         inst.install()
         agent.instrumentation = inst
         torch = sys.modules["torch"]

@@ -122,9 +122,12 @@ class Instrumentation:
 
     def __init__(self, emit: Emit, on_error: Callable[[str, BaseException], None],
                  boundary: Callable[[], None] = lambda: None, accelerated: bool = True, commands: Any = None,
-                 warn: Callable[[str], None] = lambda text: None) -> None:
+                 warn: Callable[[str], None] = lambda text: None,
+                 follow_spawn: Callable[[Any, int], Callable[..., Any]] | None = None) -> None:
         self._emit = emit
         self._warn = warn  # a warning for the recording and the monitors (the agent's)
+        #: (fn, nprocs) -> what torch.multiprocessing's processes run instead, each recording as a rank; None: not
+        self._follow_spawn = follow_spawn
         #: the C twins of the fetch, backward and optimizer hooks (same events, no Python frame), where built
         self._hot = accelerator() if accelerated else None
         self._boundary = boundary
@@ -576,8 +579,16 @@ class Instrumentation:
 
         def make(orig: Callable) -> Callable:
             def start_processes(fn: Any, args: Any = (), nprocs: int = 1, *rest: Any, **kwargs: Any) -> Any:
-                self._say_once("spawn", lambda: said(fn, nprocs))
-                return orig(fn, args, nprocs, *rest, **kwargs)
+                ranks = None
+                if self._follow_spawn is not None:
+                    try:
+                        ranks = self._follow_spawn(fn, nprocs)
+                    except Exception as exc:  # noqa: BLE001 - never into training: they run unfollowed
+                        self._on_error("spawn", exc)
+                if ranks is None:
+                    self._say_once("spawn", lambda: said(fn, nprocs))
+                    return orig(fn, args, nprocs, *rest, **kwargs)
+                return orig(ranks, args, nprocs, *rest, **kwargs)
 
             return start_processes
 

@@ -214,6 +214,18 @@ def load_job(run_dir: Path) -> JobState:
     return job
 
 
+def ranks_recording(job_dir: Path) -> bool:
+    """A rank of the job in ``job_dir`` has begun its recording (the ranks a script spawned are followed from
+    then on: a start that failed leaves the script a run of its own)."""
+    return any((d / "events.jsonl").is_file() for _, d in paths.rank_dirs(Path(job_dir)))
+
+
+def spawned_ranks(run_dir: Path) -> Path | None:
+    """The job of the ranks the script recorded in ``run_dir`` spawned itself (``RUN/ranks/``), if it did."""
+    ranks = Path(run_dir) / paths.SPAWNED_RANKS
+    return ranks if (Path(run_dir) / "events.jsonl").is_file() and is_job_dir(ranks) else None
+
+
 def is_job_dir(run_dir: Path) -> bool:
     """A multi-rank job's run dir (``rank-K/`` inside, no recording of its own)."""
     run_dir = Path(run_dir)

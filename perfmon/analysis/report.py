@@ -283,8 +283,10 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 def report_main(run_dir: Path, as_json: bool, rules: Any = None, write: bool = False, wait: float = 0.0) -> int:
     """``perfmon report RUN [--json] [--rules FILE] [--write-summary]``; a job's run dir reports every rank."""
-    from perfmon.analysis.job import is_job_dir
+    from perfmon.analysis.job import is_job_dir, spawned_ranks
 
+    if not write and (ranks := spawned_ranks(run_dir_of(run_dir))) is not None:
+        run_dir = ranks  # a script that spawned its ranks: their job is what it ran
     if is_job_dir(run_dir_of(run_dir)):
         from perfmon.analysis.job_report import job_report_main
 

@@ -29,6 +29,7 @@ from perfmon.messages import (
     ModelInfo,
     ProfileStarted,
     ProfileWindow,
+    RanksSpawned,
     Reset,
     Sample,
     StepRows,
@@ -76,6 +77,7 @@ class Store:
         self.last_seq = 0
         self.skipped = 0  # messages that could not be read (or were cut short)
         self.warnings: list[str] = []  # the newest 50
+        self.spawned: RanksSpawned | None = None  # the job's ranks, spawned by the job itself, and where they record
         self.warnings_seen = 0  # all there were: what a printer of new warnings counts from
         self.agent_errors: dict[str, float] = {}
         self.host: HostSample | None = None
@@ -279,6 +281,8 @@ class Store:
             self.profiling = Capturing(m.reason, m.t, self.steps)
         elif isinstance(m, CommandResult):
             self.command_results.append(m)
+        elif isinstance(m, RanksSpawned):
+            self.spawned = m
         elif isinstance(m, AgentWarning):
             self.warnings.append(m.message)
             self.warnings_seen += 1

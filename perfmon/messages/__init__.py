@@ -28,6 +28,7 @@ from perfmon.messages.events import (
     Event,
     Exit,
     ProfileStarted,
+    RanksSpawned,
     WindowEdge,
     parse_event,
 )
@@ -49,7 +50,7 @@ __all__ = [
     "COMMAND_NAMES", "Command", "CommandError", "CommandName", "parse_command",
     "LEGACY_PROC_MEM_REASON", "PROC_NO_CONTEXT", "PROC_NOT_VISIBLE", "AgentWarning", "Breakdown", "Bulk", "CommandResult", "CudaMem", "Event",
     "Exit", "GpuSample", "Hello", "HostSample", "Invalid", "LoaderSettings", "Message", "ModelInfo", "OpStat",
-    "OptimizerFlags", "Other", "ProfileStarted", "ProfileWindow", "Reset", "Sample", "StepRows", "TraceFinding",
+    "OptimizerFlags", "Other", "ProfileStarted", "ProfileWindow", "RanksSpawned", "Reset", "Sample", "StepRows", "TraceFinding",
     "WindowEdge", "as_sent", "merged", "parse",
 ]
 

@@ -62,6 +62,14 @@ class AgentWarning(Event):
     message: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RanksSpawned(Event):
+    """The job spawned its ranks (``torch.multiprocessing.spawn``): each records in ``job_dir/rank-K/``."""
+
+    job_dir: str
+    world_size: int
+
+
 def parse_event(msg: dict[str, Any], seq: int | None) -> Message:
     kind, t = msg.get("kind"), num(msg.get("t"))
     if kind == "exit":
@@ -76,4 +84,6 @@ def parse_event(msg: dict[str, Any], seq: int | None) -> Message:
         return record(CommandResult, msg, seq=seq)
     if kind == "warning" and isinstance(msg.get("message"), str):
         return AgentWarning(seq=seq, message=msg["message"])
+    if kind == "ranks" and isinstance(msg.get("job_dir"), str) and (world := integer(msg.get("world_size"))):
+        return RanksSpawned(seq=seq, job_dir=msg["job_dir"], world_size=world)
     return Other(seq=seq, type="event")

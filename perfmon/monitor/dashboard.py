@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from perfmon import paths
@@ -28,7 +29,7 @@ def _early_exit(proc: TrainingProcess) -> int:
 def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: Any = None) -> int:
     """Open the Textual dashboard on ``proc``; returns perfmon's exit status."""
     from perfmon.tui.app import PerfmonApp
-    from perfmon.tui.shell import SIGNALLED, STOPPED
+    from perfmon.tui.shell import SIGNALLED, SPAWNED, STOPPED
 
     if proc.target.torchrun:
         return _run_job_dashboard(proc, rules, exports)
@@ -43,6 +44,13 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     if exports is not None:
         exports.close()
     outcome = getattr(app, "outcome", "quit")
+    if outcome == SPAWNED and state.spawned is not None:  # the script's ranks, as a job, from here
+        from perfmon.monitor.job_run import SpawnedRanks
+
+        status = _run_job_dashboard(SpawnedRanks(proc, Path(state.spawned.job_dir)), rules, nodes=False)
+        source.close()
+        finalize_recording(proc.run_dir, state, proc.wait(), rules)
+        return status
     if outcome == "detached" and proc.alive():
         source.close()
         print(
@@ -95,15 +103,16 @@ def _wait_stopping(proc: TrainingProcess, grace: float = 10.0) -> None:
     done.wait()
 
 
-def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any = None) -> int:
-    """The dashboard over every rank of a ``perfmon torchrun`` job."""
+def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any = None, nodes: bool = True) -> int:
+    """The dashboard over every rank of a ``perfmon torchrun`` job (``nodes`` False: ranks a script spawned, all
+    on this node)."""
     from perfmon.analysis.job import JobState
     from perfmon.monitor.job_run import finalize_job, job_source, start_nodes
     from perfmon.tui.app import PerfmonApp
 
     job = JobState()
     source = job_source(proc)
-    node, line = start_nodes(proc, source)
+    node, line = start_nodes(proc, source) if nodes else (None, None)
     app = PerfmonApp(RunState(), source, proc.run_dir, proc, rules=rules, job=job)
     if exports is not None:
         exports.watch(app.lock, job=job, cfg=rules, send=source.send)
@@ -115,13 +124,14 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
     if node is not None and not (getattr(app, "outcome", "") == "detached" and proc.alive()):
         node.close()
     outcome = getattr(app, "outcome", "quit")
+    launcher = "torchrun" if nodes else "the script's"
     if outcome == "detached" and proc.alive():
-        print(f"perfmon: detached; the job continues (torchrun pid {proc.pid})\n"
+        print(f"perfmon: detached; the job continues ({launcher} pid {proc.pid})\n"
               f"  come back: perfmon attach {proc.run_dir}\n"
               f"  output:    {proc.run_dir / paths.OUTPUT_LOG}, {paths.STDERR_LOG}\n"
               f"  recording: {proc.run_dir}/rank-*/events.jsonl  (perfmon report {proc.run_dir})", file=sys.stderr)
         return 0
-    returncode = _wait_for_job(proc, outcome, f"the job (torchrun pid {proc.pid})")
+    returncode = _wait_for_job(proc, outcome, f"the job ({launcher} pid {proc.pid})")
     source.close()
     summary = finalize_job(proc.run_dir, job, returncode, rules)
     from perfmon.analysis.job_report import job_status

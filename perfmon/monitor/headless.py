@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from perfmon import paths
-from perfmon.analysis.job import WarningFeed, warning_line
+from perfmon.analysis.job import WarningFeed, ranks_recording, warning_line
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
@@ -90,6 +90,24 @@ class ScriptOutput:
             pass
 
 
+def _follow_spawned(proc: TrainingProcess, state: RunState, lock: threading.Lock, follower: threading.Thread,
+                    source: Source, interval: float, err: Any, rules: Config | None, tail: ScriptOutput) -> int:
+    """The ranks' job summary, status lines and findings, as for ``perfmon --headless torchrun``; the script's own
+    recording is finished as usual, its summary (no steps of its own) not printed."""
+    from perfmon.monitor.job_run import SpawnedRanks, run_headless_job
+
+    spawned = state.spawned
+    assert spawned is not None
+    status = run_headless_job(SpawnedRanks(proc, Path(spawned.job_dir)), interval, err, rules, tail=tail)
+    returncode = proc.wait()
+    follower.join(timeout=10.0)
+    if isinstance(source, ReplaySource):
+        source.close()
+    with lock:
+        finalize_recording(proc.run_dir, state, returncode, rules)
+    return status
+
+
 def _same_destination() -> bool:
     """Our stdout and stderr are one file: a terminal, or both redirected to one log or pipe (`2>&1`)."""
     try:
@@ -133,6 +151,9 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
         follower = follow(source, state, lock)
         next_status = time.monotonic() + interval
         while proc.alive():
+            if state.spawned is not None and ranks_recording(Path(state.spawned.job_dir)):
+                # the script spawned its ranks: follow them as a job from here
+                return _follow_spawned(proc, state, lock, follower, source, interval, err, rules, tail)
             tail.pump()
             if time.monotonic() >= next_rules:
                 with lock:

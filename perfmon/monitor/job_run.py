@@ -74,15 +74,29 @@ def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | 
     return write_job_summaries(recorded, run_dir, rules)
 
 
+class SpawnedRanks:
+    """The ranks a launched script spawned itself (``torch.multiprocessing.spawn``) seen as a job: their dir
+    (``RUN/ranks/``) and, for everything else (its life, its end, the signals it gets), the script's process."""
+
+    def __init__(self, proc: TrainingProcess, job_dir: Path) -> None:
+        self._proc = proc
+        self.run_dir = job_dir
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._proc, name)
+
+
 def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None,
-                     exports: Any = None) -> int:
+                     exports: Any = None, tail: ScriptOutput | None = None) -> int:
     """``perfmon --headless torchrun ...``: torchrun's stdout and stderr on ours, the job's status lines and new job
-    findings on stderr, the job summary at the end."""
+    findings on stderr, the job summary at the end. ``tail``: the output already being copied (the ranks of a
+    script that spawned them: :class:`SpawnedRanks`, one node)."""
     err = err or sys.stderr
     cfg = rules or Config()
     job = JobState()
     lock = threading.Lock()
-    tail = ScriptOutput(proc.run_dir)
+    spawned = tail is not None
+    tail = tail or ScriptOutput(proc.run_dir)
     fresh = tail.fresh_line if err is sys.stderr else str  # the script's output is copied to our own streams
     said: set[tuple[str, Any]] = set()
     warnings = WarningFeed()
@@ -90,7 +104,7 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
         source = job_source(proc)
         if exports is not None:  # one label set / series per rank
             exports.watch(lock, job=job, cfg=rules, send=source.send)
-        node, line = start_nodes(proc, source)
+        node, line = start_nodes(proc, source) if not spawned else (None, None)
         if line:
             print(fresh() + line, file=err, flush=True)
         follower = follow_job(source, job, lock)

@@ -28,7 +28,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer
 
 from perfmon import messages
-from perfmon.analysis.job import JobState, WarningFeed, rank_rows
+from perfmon.analysis.job import JobState, WarningFeed, rank_rows, ranks_recording
 from perfmon.analysis.rules import Config, Engine, evaluate_job, evaluate_once
 from perfmon.analysis.state import RunState
 from perfmon.messages.commands import Command
@@ -53,6 +53,8 @@ TICK_S = 1.0
 QUIT, DETACHED, STOPPED = "quit", "detached", "stopped"
 #: perfmon got SIGTERM: it went on to the launched job, and the dashboard left; perfmon waits for the job to end.
 SIGNALLED = "signalled"
+#: The launched script spawned its ranks (torch.multiprocessing.spawn): the launcher reopens the dashboard on them.
+SPAWNED = "spawned"
 
 
 def while_composed(method: Callable[..., None]) -> Callable[..., None]:
@@ -271,6 +273,11 @@ class DashboardShell(App[None]):
     @while_composed
     def _tick(self) -> None:
         """Once a second: the rules, the elapsed time of a running job and the profiler window's age."""
+        spawned = self.state.spawned
+        if (self.job is None and self.process is not None and spawned is not None and not self.job_ended
+                and ranks_recording(Path(spawned.job_dir))):
+            self.finish(SPAWNED)  # the launcher follows the ranks from here (monitor.dashboard)
+            return
         if not self.stream_ended:
             self.update_findings()
         # a stream that stalled, or nothing new: the clock and the window's age still move (a redraw that
