@@ -214,3 +214,19 @@ def test_headless_run_under_an_unsafe_runtime_dir(base, tmp_path, make, problem)
     assert "[perfmon] warning" not in res.stderr  # the agent had a safe dir: no socket error either
     assert _steps_recorded(run) == 5
     assert sorted(p.name for p in base.rglob("*")) == before  # nothing created in or through the unsafe dir
+
+
+def test_a_script_whose_spawned_ranks_are_live_is_attached_as_their_job(tmp_path, monkeypatch):
+    """`perfmon attach` with the script's pid or run dir, or alone, reaches the job of the ranks the script spawned
+    itself (RUN/ranks/rank-K), not the script's own process, which trains nothing."""
+    run = tmp_path / "run"
+    parent = {"pid": 100, "run_dir": str(run), "steps": 0}
+    ranks = [{"pid": 101 + k, "rank": k, "run_dir": str(run / "ranks" / f"rank-{k}"), "job_dir": str(run / "ranks"),
+              "steps": 50} for k in range(2)]
+    monkeypatch.setattr(discovery, "live_runs", lambda: [parent, *ranks])
+    for target in ("100", str(run), None, "102"):
+        found = discovery.find_run(target)
+        assert found.get("job_dir") == str(run / "ranks") and [r["pid"] for r in found["ranks"]] == [101, 102]
+    other = {"pid": 200, "run_dir": str(tmp_path / "other"), "steps": 5}
+    monkeypatch.setattr(discovery, "live_runs", lambda: [parent, other])  # no ranks live: each is itself
+    assert discovery.find_run("100") is parent and discovery.find_run("200") is other

@@ -75,16 +75,34 @@ class AttachError(Exception):
     """No such live run: the message is for the user."""
 
 
+def _spawned_job(run: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The live job of the ranks ``run`` spawned itself (torch.multiprocessing.spawn: ``RUN/ranks/``), if any."""
+    if run.get("ranks") or not run.get("run_dir"):
+        return None
+    ranks_dir = (Path(run["run_dir"]) / paths.SPAWNED_RANKS).resolve()
+    for entry in runs:
+        if any(Path(k.get("run_dir", "")).resolve().parent == ranks_dir for k in entry.get("ranks") or ()):
+            return entry
+    return None
+
+
 def find_run(target: str | None) -> dict[str, Any]:
     """The live run named by a pid or a run dir (or the only live run); a rank's pid or dir, or a job's dir,
     names its whole job (an entry with ``ranks``)."""
     runs = group_jobs(live_runs())
+    # a script whose ranks it spawned itself are live (torch.multiprocessing.spawn) stands for their job
+    spawners = {id(r): job for r in runs if (job := _spawned_job(r, runs)) is not None}
+
+    def chosen(r: dict[str, Any]) -> dict[str, Any]:
+        return spawners.get(id(r), r)
+
     for entry in runs:
         for rank in entry.get("ranks") or ():
             if target is not None and (target == str(rank.get("pid")) or (not target.isdigit() and Path(
                     target).resolve() == Path(rank.get("run_dir", "")).resolve())):
                 return entry
     if target is None:
+        runs = [r for r in runs if id(r) not in spawners]  # each job once: its ranks' entry
         if len(runs) == 1:
             return runs[0]
         if not runs:
@@ -93,14 +111,14 @@ def find_run(target: str | None) -> dict[str, Any]:
     if target.isdigit():
         for r in runs:
             if int(r["pid"]) == int(target):
-                return r
+                return chosen(r)
         if paths.pid_alive(int(target)):
             raise AttachError(f"pid {target} is not a perfmon run (start it with perfmon, or call perfmon.instrument())")
         raise AttachError(f"no process with pid {target}")
     path = Path(target).resolve()
     for r in runs:
         if Path(r.get("run_dir", "")).resolve() == path:
-            return r
+            return chosen(r)
     if path.is_dir():
         if (path / "events.jsonl").exists() or paths.rank_dirs(path):
             raise AttachError(f"{target}: this run is not live any more; use perfmon replay {target} or perfmon report {target}")
