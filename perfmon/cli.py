@@ -331,7 +331,7 @@ def _attach_job(run: dict, metrics: Any = None) -> int:
 
 
 def _replay(argv: list[str]) -> int:
-    from perfmon.analysis.report import ReportError, load_recording, run_dir_of
+    from perfmon.analysis.report import ReportError, load_recording, run_dir_of, spawned_job_of
     from perfmon.monitor.sources import PacedReplaySource
 
     p = _Parser(prog="perfmon replay", description="The dashboard over a recording, played back in time "
@@ -339,9 +339,9 @@ def _replay(argv: list[str]) -> int:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--speed", type=float, default=60.0, help="playback speed, x real time (default 60)")
     args = p.parse_args(argv)
-    from perfmon.analysis.job import is_job_dir, spawned_ranks
+    from perfmon.analysis.job import is_job_dir
 
-    if (ranks := spawned_ranks(run_dir_of(args.run_dir))) is not None:
+    if (ranks := spawned_job_of(run_dir_of(args.run_dir))) is not None:
         args.run_dir = ranks  # a script that spawned its ranks: replay their job
     if is_job_dir(args.run_dir):
         return _replay_job(args.run_dir)

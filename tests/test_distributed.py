@@ -246,6 +246,41 @@ def test_a_spawned_rank_that_fails_is_named_and_its_traceback_is_the_scripts(tmp
     assert {r["rank"]: r["steps"] for r in summary["ranks"]}[1] == 3 and summary["failed_rank"]["rank"] == 1
 
 
+SPAWN_TWICE_SCRIPT = """
+import torch
+import torch.multiprocessing as mp
+def loop(steps):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+def rank(i, steps):
+    loop(steps)
+if __name__ == "__main__":
+    mp.start_processes(rank, args=(5,), nprocs=2, start_method="fork")  # train
+    mp.start_processes(rank, args=(3,), nprocs=1, start_method="fork")  # then evaluate, say
+    loop(7)  # and the script's own process trains too
+    print("done")
+"""
+
+
+def test_each_spawn_is_a_job_of_its_own_and_the_scripts_own_steps_stay_its(tmp_path, env):  # noqa: F811
+    """Two mp.spawn calls in one script record two jobs (RUN/ranks, RUN/ranks-2: the second wrote into the first's
+    recordings), and steps the script's own process trains are reported as its (they were hidden by the ranks)."""
+    script = tmp_path / "twice.py"
+    script.write_text(SPAWN_TWICE_SCRIPT)
+    run = tmp_path / "run"
+    res = perfmon(["--headless", "--run-dir", str(run), str(script)], env, timeout=180)
+    assert res.returncode == 0 and res.stdout == "done\n", res.stderr[-3000:]
+    assert "perfmon job summary" in res.stderr and "perfmon summary" in res.stderr, res.stderr
+    assert f"that job: perfmon report {run / 'ranks-2'}" in res.stderr
+    assert report(run, env)["steps"] == 7  # the script trained: RUN is its own run
+    assert [r["steps"] for r in report(run / "ranks", env)["ranks"]] == [5, 5]
+    assert [r["steps"] for r in report(run / "ranks-2", env)["ranks"]] == [3]
+
+
 def hot_path_built() -> bool:
     from perfmon.agent.native import HOT
 

@@ -104,3 +104,16 @@ def test_wandb_without_an_active_run_is_said_once(tmp_path: Path, env: dict[str,
 
 def test_loggers_error_type_is_for_the_user() -> None:
     assert issubclass(LoggerError, Exception)
+
+
+@pytest.mark.e2e
+def test_tensorboard_follows_the_ranks_a_script_spawns(tmp_path: Path, env: dict[str, str]) -> None:  # noqa: F811
+    """``--tensorboard`` on a script that spawns its ranks (mp.spawn): once the monitor turns to them, it logs a
+    series per rank (it stopped at the hand-over, its file holding no scalar)."""
+    run = tmp_path / "run"
+    res = perfmon(["--headless", "--tensorboard", "--log-interval", "1", "--run-dir", str(run),
+                   str(REPO / "demos" / "ddp" / "spawn_ddp.py"), "--steps", "3000"], env, timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    tb = tb_scalars(run)
+    assert {"rank0/perfmon/step_ms", "rank1/perfmon/step_ms"} <= set(tb), sorted(tb)
+    assert tb["rank0/perfmon/step_ms"][-1][0] == 3000  # the last one at the end, at the rank's last step

@@ -1632,7 +1632,12 @@ static PyObject *hot_clock(PyObject *m, PyObject *Py_UNUSED(ignored)) { (void)m;
 /* run_rank(start, finish, fn, i, *args): start(i) -> token; fn(i, *args), its result or its exception passed on as
  * they are; finish(token, the exception or None) in between. In C, so that a rank's traceback has no frame of
  * perfmon's between torch's spawn wrapper and the script's function. start's and finish's errors are dropped
- * (each catches its own: the rank runs regardless). */
+ * (each catches its own: the rank runs regardless), but for a KeyboardInterrupt or SystemExit, which go up as
+ * they would from Python: start's before fn runs, finish's in place of fn's result. */
+static int only_an_exception(void) {
+    return PyErr_ExceptionMatches(PyExc_Exception);
+}
+
 static PyObject *run_rank(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
     (void)m;
     if (nargs < 4) {
@@ -1641,6 +1646,7 @@ static PyObject *run_rank(PyObject *m, PyObject *const *args, Py_ssize_t nargs) 
     }
     PyObject *token = PyObject_CallOneArg(args[0], args[3]);
     if (token == NULL) {
+        if (!only_an_exception()) return NULL;
         PyErr_Clear();
         token = Py_NewRef(Py_None);
     }
@@ -1652,9 +1658,15 @@ static PyObject *run_rank(PyObject *m, PyObject *const *args, Py_ssize_t nargs) 
         if (value != NULL && tb != NULL) PyException_SetTraceback(value, tb);
     }
     PyObject *r = PyObject_CallFunctionObjArgs(args[1], token, value != NULL ? value : Py_None, NULL);
-    if (r == NULL) PyErr_Clear();
-    Py_XDECREF(r);
     Py_DECREF(token);
+    if (r == NULL) {
+        if (result != NULL && !only_an_exception()) {  /* a Ctrl-C as the rank ended: it goes up */
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
     if (result == NULL) PyErr_Restore(type, value, tb);
     return result;
 }

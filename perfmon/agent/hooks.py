@@ -293,7 +293,7 @@ class Instrumentation:
                 return hot.Timed(orig, self, bounds, "data", hot.DATA, torch.Tensor)
 
             self._patch(dataloader._BaseDataLoaderIter, "__next__", timed)
-            self._patch(dataloader.DataLoader, "__iter__", lambda orig: self._loader_iter(timed(orig)))
+            self._patch(dataloader.DataLoader, "__iter__", lambda orig: self._loader_iter(orig, timed(orig)))
             return
 
         def make(orig: Callable) -> Callable:
@@ -334,7 +334,7 @@ class Instrumentation:
             return __next__
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", make)
-        self._patch(dataloader.DataLoader, "__iter__", lambda orig: self._loader_iter(make(orig)))
+        self._patch(dataloader.DataLoader, "__iter__", lambda orig: self._loader_iter(orig, make(orig)))
 
     def _prefetch(self, orig: Callable, it: Any) -> Any:
         """A fetch on a thread that is not the training thread (a prefetching generator): not a phase of the
@@ -356,15 +356,18 @@ class Instrumentation:
             self._on_error("hooks", exc)
         return batch
 
-    def _loader_iter(self, timed: Callable) -> Callable:
-        """``DataLoader.__iter__``, timed as *data* (``timed``: the original, wrapped as a fetch is): a loader
-        without persistent workers starts them here at every epoch, seconds under spawn, which is input time."""
+    def _loader_iter(self, orig: Callable, timed: Callable) -> Callable:
+        """``DataLoader.__iter__``, timed as *data* on the training thread (``timed``: ``orig`` wrapped as a fetch
+        is): a loader without persistent workers starts them here at every epoch, seconds under spawn, which is
+        input time. A prefetching thread's (which overlaps the steps) is left untimed."""
+        bounds = self.bounds
+
         def __iter__(loader: Any) -> Any:
             try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"
                 self.loaders[id(loader)] = loader_settings(loader)
             except Exception as exc:  # noqa: BLE001
                 self._on_error("loader", exc)
-            return timed(loader)
+            return timed(loader) if bounds.train_thread == get_ident() else orig(loader)
 
         return __iter__
 

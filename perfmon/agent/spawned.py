@@ -39,8 +39,12 @@ class RankSpec:
 
 def follow(agent: Any, fn: Callable[..., Any], nprocs: int) -> Callable[..., Any]:
     """Say where the ranks will record, and return what each should run instead of ``fn``."""
-    job_dir = Path(agent.run_dir) / paths.SPAWNED_RANKS
-    job_dir.mkdir(parents=True, exist_ok=True)
+    # a job dir of their own each time the script spawns (train, then evaluate): RUN/ranks, RUN/ranks-2, ...
+    job_dir, n = Path(agent.run_dir) / paths.SPAWNED_RANKS, 1
+    while job_dir.exists():
+        n += 1
+        job_dir = Path(agent.run_dir) / f"{paths.SPAWNED_RANKS}-{n}"
+    job_dir.mkdir(parents=True)
     for name in (paths.OUTPUT_LOG, paths.STDERR_LOG):  # the ranks write where the script does: the job's output
         link = job_dir / name
         if not link.is_symlink() and not link.exists():

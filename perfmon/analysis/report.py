@@ -31,6 +31,20 @@ def run_dir_of(path: Path) -> Path:
     return path.parent if path.name == "events.jsonl" and path.is_file() else path
 
 
+def spawned_job_of(run_dir: Path) -> Path | None:
+    """The job of the ranks the script recorded in ``run_dir`` spawned itself, where that is all it ran (a script
+    that trained steps of its own is read as itself; its ranks as ``RUN/ranks``)."""
+    from perfmon.analysis.job import spawned_ranks
+
+    ranks = spawned_ranks(run_dir)
+    if ranks is None:
+        return None
+    try:
+        return ranks if not load_recording(run_dir).steps else None
+    except ReportError:
+        return ranks
+
+
 def load_recording(run_dir: Path) -> RunState:
     """Replay ``run_dir/events.jsonl`` into a fresh state (``run_dir`` may name the recording file itself)."""
     run_dir = run_dir_of(run_dir)
@@ -283,9 +297,9 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
 
 def report_main(run_dir: Path, as_json: bool, rules: Any = None, write: bool = False, wait: float = 0.0) -> int:
     """``perfmon report RUN [--json] [--rules FILE] [--write-summary]``; a job's run dir reports every rank."""
-    from perfmon.analysis.job import is_job_dir, spawned_ranks
+    from perfmon.analysis.job import is_job_dir
 
-    if not write and (ranks := spawned_ranks(run_dir_of(run_dir))) is not None:
+    if not write and (ranks := spawned_job_of(run_dir_of(run_dir))) is not None:
         run_dir = ranks  # a script that spawned its ranks: their job is what it ran
     if is_job_dir(run_dir_of(run_dir)):
         from perfmon.analysis.job_report import job_report_main

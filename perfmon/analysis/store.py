@@ -78,6 +78,7 @@ class Store:
         self.skipped = 0  # messages that could not be read (or were cut short)
         self.warnings: list[str] = []  # the newest 50
         self.spawned: RanksSpawned | None = None  # the job's ranks, spawned by the job itself, and where they record
+        self.spawned_later: list[str] = []  # the job dirs of the ranks it spawned after those (a second mp.spawn)
         self.warnings_seen = 0  # all there were: what a printer of new warnings counts from
         self.agent_errors: dict[str, float] = {}
         self.host: HostSample | None = None
@@ -282,7 +283,10 @@ class Store:
         elif isinstance(m, CommandResult):
             self.command_results.append(m)
         elif isinstance(m, RanksSpawned):
-            self.spawned = m
+            if self.spawned is None:
+                self.spawned = m
+            elif m.job_dir != self.spawned.job_dir and m.job_dir not in self.spawned_later:
+                self.spawned_later.append(m.job_dir)
         elif isinstance(m, AgentWarning):
             self.warnings.append(m.message)
             self.warnings_seen += 1

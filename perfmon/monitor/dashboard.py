@@ -41,16 +41,11 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     if exports is not None:
         exports.watch(app.lock, lambda: app.state, cfg=rules, send=source.send)
     app.run()
-    if exports is not None:
-        exports.close()
     outcome = getattr(app, "outcome", "quit")
     if outcome == SPAWNED and state.spawned is not None:  # the script's ranks, as a job, from here
-        from perfmon.monitor.job_run import SpawnedRanks
-
-        status = _run_job_dashboard(SpawnedRanks(proc, Path(state.spawned.job_dir)), rules, nodes=False)
-        source.close()
-        finalize_recording(proc.run_dir, state, proc.wait(), rules)
-        return status
+        return _follow_spawned(proc, state, source, rules, exports)
+    if exports is not None:
+        exports.close()
     if outcome == "detached" and proc.alive():
         source.close()
         print(
@@ -71,6 +66,26 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     if hint:
         print(f"perfmon: {hint}", file=sys.stderr)
     return exit_status(returncode)
+
+
+def _follow_spawned(proc: TrainingProcess, state: RunState, source: Any, rules: Config | None,
+                    exports: Any) -> int:
+    """The dashboard of the ranks the script spawned (its exports follow them); the script's own recording is
+    finished once the script ends (not on a detach: the script is left running)."""
+    from perfmon.monitor.job_run import SpawnedRanks
+
+    assert state.spawned is not None
+    status = _run_job_dashboard(SpawnedRanks(proc, Path(state.spawned.job_dir)), rules, exports, nodes=False)
+    source.close()
+    if proc.alive():  # detached
+        return status
+    finalize_recording(proc.run_dir, state, proc.wait(), rules)
+    if state.steps:
+        print(f"perfmon: the script's own process trained too ({state.steps} steps): perfmon report {proc.run_dir}"
+              f" (its ranks: perfmon report {state.spawned.job_dir})", file=sys.stderr)
+    for job_dir in state.spawned_later:
+        print(f"perfmon: the script spawned ranks again; that job: perfmon report {job_dir}", file=sys.stderr)
+    return status
 
 
 def _wait_for_job(proc: TrainingProcess, outcome: str, what: str) -> int:

@@ -91,20 +91,28 @@ class ScriptOutput:
 
 
 def _follow_spawned(proc: TrainingProcess, state: RunState, lock: threading.Lock, follower: threading.Thread,
-                    source: Source, interval: float, err: Any, rules: Config | None, tail: ScriptOutput) -> int:
-    """The ranks' job summary, status lines and findings, as for ``perfmon --headless torchrun``; the script's own
-    recording is finished as usual, its summary (no steps of its own) not printed."""
+                    source: Source, interval: float, err: Any, rules: Config | None, tail: ScriptOutput,
+                    exports: Any) -> int:
+    """The ranks' job summary, status lines and findings, as for ``perfmon --headless torchrun`` (the exports
+    follow the job); the script's own recording is finished as usual, and its summary printed too only where
+    the script trained steps of its own."""
     from perfmon.monitor.job_run import SpawnedRanks, run_headless_job
 
     spawned = state.spawned
     assert spawned is not None
-    status = run_headless_job(SpawnedRanks(proc, Path(spawned.job_dir)), interval, err, rules, tail=tail)
+    status = run_headless_job(SpawnedRanks(proc, Path(spawned.job_dir)), interval, err, rules, exports=exports,
+                              tail=tail)
     returncode = proc.wait()
     follower.join(timeout=10.0)
     if isinstance(source, ReplaySource):
         source.close()
     with lock:
-        finalize_recording(proc.run_dir, state, returncode, rules)
+        summary = finalize_recording(proc.run_dir, state, returncode, rules)
+        if state.steps:
+            print(format_summary(state, summary), file=err, flush=True)
+        for job_dir in state.spawned_later:
+            print(f"perfmon: the script spawned ranks again; that job: perfmon report {job_dir}", file=err,
+                  flush=True)
     return status
 
 
@@ -153,7 +161,7 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
         while proc.alive():
             if state.spawned is not None and ranks_recording(Path(state.spawned.job_dir)):
                 # the script spawned its ranks: follow them as a job from here
-                return _follow_spawned(proc, state, lock, follower, source, interval, err, rules, tail)
+                return _follow_spawned(proc, state, lock, follower, source, interval, err, rules, tail, exports)
             tail.pump()
             if time.monotonic() >= next_rules:
                 with lock:
