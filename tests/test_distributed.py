@@ -281,6 +281,35 @@ def test_each_spawn_is_a_job_of_its_own_and_the_scripts_own_steps_stay_its(tmp_p
     assert [r["steps"] for r in report(run / "ranks-2", env)["ranks"]] == [3]
 
 
+PREPROCESS_SCRIPT = """
+import torch
+import torch.multiprocessing as mp
+def shard(i):
+    torch.save(torch.randn(64, 4) * i, f"shard{i}.pt")  # preprocessing in spawned processes: no training
+if __name__ == "__main__":
+    mp.start_processes(shard, nprocs=2, start_method="fork")
+    x = torch.cat([torch.load(f"shard{i}.pt") for i in range(2)])
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(6):
+        model(x[i::6]).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    print("trained")
+"""
+
+
+def test_processes_spawned_to_preprocess_leave_the_scripts_own_run_on_show(tmp_path, env):  # noqa: F811
+    """mp.spawn for work that does not train (no rank steps): the monitor stays on the script, which trains after."""
+    script = tmp_path / "prep.py"
+    script.write_text(PREPROCESS_SCRIPT)
+    run = tmp_path / "run"
+    res = perfmon(["--headless", "--run-dir", str(run), str(script)], env, cwd=tmp_path, timeout=180)
+    assert res.returncode == 0 and res.stdout == "trained\n", res.stderr[-3000:]
+    assert "perfmon job summary" not in res.stderr and "perfmon summary" in res.stderr, res.stderr
+    assert report(run, env)["steps"] == 6
+
+
 def hot_path_built() -> bool:
     from perfmon.agent.native import HOT
 

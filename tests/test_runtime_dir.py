@@ -230,3 +230,20 @@ def test_a_script_whose_spawned_ranks_are_live_is_attached_as_their_job(tmp_path
     other = {"pid": 200, "run_dir": str(tmp_path / "other"), "steps": 5}
     monkeypatch.setattr(discovery, "live_runs", lambda: [parent, other])  # no ranks live: each is itself
     assert discovery.find_run("100") is parent and discovery.find_run("200") is other
+
+
+def test_spawned_ranks_are_followed_once_one_of_them_steps(tmp_path):
+    from perfmon.analysis.job import STEPPING_TAIL, ranks_stepping
+
+    job = tmp_path / "ranks"
+    assert not ranks_stepping(job)  # nothing there yet (or a start that failed)
+    (job / "rank-0").mkdir(parents=True)
+    (job / "rank-1").mkdir()
+    sample = b'{"seq":1,"v":1,"type":"sample","t":1.0}\n'
+    (job / "rank-0" / "events.jsonl").write_bytes(b'{"seq":0,"v":1,"type":"hello"}\n' + sample * 10)
+    outside = b'{"seq":2,"v":1,"type":"steps","fields":[],"rows":[],"outside":{"checkpoint_ms":3.0}}\n'
+    (job / "rank-0" / "events.jsonl").write_bytes(b'{"seq":0,"v":1,"type":"hello"}\n' + sample * 10 + outside)
+    assert not ranks_stepping(job)  # processes spawned to preprocess: readings and time outside steps, no step
+    steps = b'{"seq":2,"v":1,"type":"steps","fields":[],"rows":[[1]]}\n'
+    (job / "rank-1" / "events.jsonl").write_bytes(sample * (STEPPING_TAIL // len(sample)) + steps + sample * 100)
+    assert ranks_stepping(job)

@@ -508,15 +508,16 @@ def test_output_tail_and_cleaning(tmp_path: Path) -> None:
                          ids=["launched", "no-rank-yet", "replay"])
 async def test_a_launched_script_that_spawns_its_ranks_hands_over_to_the_ranks_dashboard(
         tmp_path: Path, launched: bool, recorded: bool) -> None:
-    """The script's agent says it spawned its ranks (torch.multiprocessing.spawn): once a rank records, the launched
+    """The script's agent says it spawned its ranks (torch.multiprocessing.spawn): once a rank steps, the launched
     dashboard leaves with SPAWNED, and the launcher reopens it on the ranks' job (monitor.dashboard). Before any
-    rank records (a start that failed), and in a replay, it stays."""
+    rank steps (a start that failed, processes that preprocess), and in a replay, it stays."""
     from perfmon.tui.shell import SPAWNED
 
     app = make_app(tmp_path, exit=None, process=launched)
     if recorded:
         (tmp_path / "run" / "ranks" / "rank-0").mkdir(parents=True)
-        (tmp_path / "run" / "ranks" / "rank-0" / "events.jsonl").write_text("")
+        (tmp_path / "run" / "ranks" / "rank-0" / "events.jsonl").write_text(
+            '{"seq":1,"v":1,"type":"hello"}\n{"seq":2,"v":1,"type":"steps","fields":[],"rows":[[1]]}\n')
     async with app.run_test(size=(120, 40)) as pilot:
         await loaded(pilot)
         app.state.apply({"v": protocol.VERSION, "type": "event", "kind": "ranks", "seq": 10 ** 9,

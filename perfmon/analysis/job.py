@@ -214,10 +214,24 @@ def load_job(run_dir: Path) -> JobState:
     return job
 
 
-def ranks_recording(job_dir: Path) -> bool:
-    """A rank of the job in ``job_dir`` has begun its recording (the ranks a script spawned are followed from
-    then on: a start that failed leaves the script a run of its own)."""
-    return any((d / "events.jsonl").is_file() for _, d in paths.rank_dirs(Path(job_dir)))
+#: How much of the end of a rank's recording :func:`ranks_stepping` reads: a stepping rank writes a ``steps``
+#: message every second, a rank that does not only its readings (~1 KiB a second).
+STEPPING_TAIL = 64 * 1024
+
+
+def ranks_stepping(job_dir: Path) -> bool:
+    """A rank of the job in ``job_dir`` trains (its recording has steps). The ranks a script spawned are followed
+    from then on: processes spawned to preprocess, or a start that failed, leave the script's own run on show."""
+    for _, rank_dir in paths.rank_dirs(Path(job_dir)):
+        try:
+            with open(rank_dir / "events.jsonl", "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - STEPPING_TAIL))
+                if b'"rows":[[' in f.read():  # a steps message with a row (not one of time outside steps only)
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def spawned_ranks(run_dir: Path) -> Path | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from perfmon import paths
-from perfmon.analysis.job import WarningFeed, ranks_recording, warning_line
+from perfmon.analysis.job import WarningFeed, ranks_stepping, warning_line
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
@@ -159,7 +159,7 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
         follower = follow(source, state, lock)
         next_status = time.monotonic() + interval
         while proc.alive():
-            if state.spawned is not None and ranks_recording(Path(state.spawned.job_dir)):
+            if state.spawned is not None and ranks_stepping(Path(state.spawned.job_dir)):
                 # the script spawned its ranks: follow them as a job from here
                 return _follow_spawned(proc, state, lock, follower, source, interval, err, rules, tail, exports)
             tail.pump()

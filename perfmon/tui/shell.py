@@ -28,7 +28,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer
 
 from perfmon import messages
-from perfmon.analysis.job import JobState, WarningFeed, rank_rows, ranks_recording
+from perfmon.analysis.job import JobState, WarningFeed, rank_rows, ranks_stepping
 from perfmon.analysis.rules import Config, Engine, evaluate_job, evaluate_once
 from perfmon.analysis.state import RunState
 from perfmon.messages.commands import Command
@@ -275,7 +275,7 @@ class DashboardShell(App[None]):
         """Once a second: the rules, the elapsed time of a running job and the profiler window's age."""
         spawned = self.state.spawned
         if (self.job is None and self.process is not None and spawned is not None and not self.job_ended
-                and ranks_recording(Path(spawned.job_dir))):
+                and ranks_stepping(Path(spawned.job_dir))):
             self.finish(SPAWNED)  # the launcher follows the ranks from here (monitor.dashboard)
             return
         if not self.stream_ended:
