@@ -275,7 +275,7 @@ def test_each_spawn_is_a_job_of_its_own_and_the_scripts_own_steps_stay_its(tmp_p
     res = perfmon(["--headless", "--run-dir", str(run), str(script)], env, timeout=180)
     assert res.returncode == 0 and res.stdout == "done\n", res.stderr[-3000:]
     assert "perfmon job summary" in res.stderr and "perfmon summary" in res.stderr, res.stderr
-    assert f"that job: perfmon report {run / 'ranks-2'}" in res.stderr
+    assert f"other ranks too: perfmon report {run / 'ranks-2'}" in res.stderr
     assert report(run, env)["steps"] == 7  # the script trained: RUN is its own run
     assert [r["steps"] for r in report(run / "ranks", env)["ranks"]] == [5, 5]
     assert [r["steps"] for r in report(run / "ranks-2", env)["ranks"]] == [3]

@@ -522,7 +522,7 @@ async def test_a_launched_script_that_spawns_its_ranks_hands_over_to_the_ranks_d
         await loaded(pilot)
         app.state.apply({"v": protocol.VERSION, "type": "event", "kind": "ranks", "seq": 10 ** 9,
                          "job_dir": str(tmp_path / "run" / "ranks"), "world_size": 2, "t": START})
-        assert app.state.spawned is not None and app.state.spawned.world_size == 2
+        assert [s.world_size for s in app.state.spawned] == [2]
         for _ in range(100):  # the once-a-second tick
             if not app.is_running:
                 break

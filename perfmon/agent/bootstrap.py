@@ -22,9 +22,9 @@ from perfmon import _api, paths
 from perfmon.agent import exits, own_threads
 from perfmon.agent.runtime import Agent
 
-#: A process the job spawned, recording as one of its ranks (``spawned.run_rank``): the job's dir, this rank, the
-#: world size, and the pid of the launcher that follows the job (None: nobody does).
-Rank = tuple[Path, int, int, "str | None"]
+#: A process the job spawned, recording as one of its ranks (``spawned.run_rank``): the job's dir, this rank and
+#: the world size. It writes its summaries itself (the launcher may follow another of the script's spawns).
+Rank = tuple[Path, int, int]
 
 
 def _meta(target: str, argv: list[str], module: bool, run_dir: Path, rank: Rank | None = None) -> dict[str, Any]:
@@ -89,8 +89,6 @@ def start_agent(target: str, argv: list[str], module: bool = False, rank: Rank |
             os.getppid())
         agent = Agent(run_dir, _meta(target, argv, module, run_dir, rank),
                       sample_interval=interval if interval > 0 else None, fed=fed)
-        if rank is not None:
-            agent.summary_by = rank[3]
         agent.start()
     except Exception as exc:  # noqa: BLE001 - without an agent the script still runs
         print(f"perfmon: agent could not start ({exc}); running the script unmonitored", file=sys.stderr)

@@ -112,8 +112,6 @@ class Agent:
         self.commands: Any = None
         #: step rows formatted by the C hot path where built (False: the Python loop; tests compare the two)
         self.c_rows = True
-        #: the pid of a launcher that writes this run's summaries (a rank the job spawned, which it follows)
-        self.summary_by: str | None = None
 
     @property
     def instrumentation(self) -> Any:
@@ -269,8 +267,6 @@ class Agent:
         launcher = os.environ.get(paths.LAUNCHER_ENV)
         if launcher == str(os.getppid()):
             return
-        if self.summary_by and self.summary_by.isdigit() and paths.pid_alive(int(self.summary_by)):
-            return  # a rank the job spawned: the launcher following the job writes every rank's and the job's
         if os.environ.get(paths.RANKS_ENV) == "1" and launcher and launcher.isdigit() and paths.pid_alive(int(launcher)):
             return  # one rank of `perfmon torchrun`: its launcher writes every rank's summary and the job's
         try:

@@ -34,7 +34,6 @@ class RankSpec:
     world_size: int
     target: str
     argv: tuple[str, ...]
-    launcher: str | None  # the pid of the `perfmon` launcher following the job, if one is
 
 
 def follow(agent: Any, fn: Callable[..., Any], nprocs: int) -> Callable[..., Any]:
@@ -49,9 +48,8 @@ def follow(agent: Any, fn: Callable[..., Any], nprocs: int) -> Callable[..., Any
         link = job_dir / name
         if not link.is_symlink() and not link.exists():
             os.symlink(Path("..") / name, link)
-    launcher = os.environ.get(paths.LAUNCHER_ENV) if paths.launched_alone() else None
     spec = RankSpec(str(job_dir), int(nprocs), str(agent.meta.get("script") or "python"),
-                    tuple(agent.meta.get("argv") or ()), launcher)
+                    tuple(agent.meta.get("argv") or ()))
     agent.publish(protocol.message("event", kind=EVENT, t=time.time(), job_dir=str(job_dir), world_size=int(nprocs)))
     start = functools.partial(start_rank, spec)
     if HOT is not None:  # no frame of perfmon's in a rank's traceback
@@ -81,7 +79,7 @@ def start_rank(spec: RankSpec, i: int) -> Any:
     if inherited is not None:  # start_method="fork": the parent's agent came along, silenced
         bootstrap.forget_inherited(inherited)
     return bootstrap.start_agent(spec.target, list(spec.argv),
-                                 rank=(Path(spec.job_dir), i, spec.world_size, spec.launcher))
+                                 rank=(Path(spec.job_dir), i, spec.world_size))
 
 
 def finish_rank(agent: Any, exc: BaseException | None) -> None:

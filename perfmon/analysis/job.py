@@ -234,6 +234,11 @@ def ranks_stepping(job_dir: Path) -> bool:
     return False
 
 
+def stepping_spawn(spawned: list[Any]) -> Path | None:
+    """Of the jobs a script spawned (``RunState.spawned``), the first whose ranks step: the one monitors follow."""
+    return next((Path(s.job_dir) for s in spawned if ranks_stepping(Path(s.job_dir))), None)
+
+
 def spawned_ranks(run_dir: Path) -> Path | None:
     """The job of the ranks the script recorded in ``run_dir`` spawned itself (``RUN/ranks/``), if it did."""
     ranks = Path(run_dir) / paths.SPAWNED_RANKS

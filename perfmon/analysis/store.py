@@ -77,8 +77,8 @@ class Store:
         self.last_seq = 0
         self.skipped = 0  # messages that could not be read (or were cut short)
         self.warnings: list[str] = []  # the newest 50
-        self.spawned: RanksSpawned | None = None  # the job's ranks, spawned by the job itself, and where they record
-        self.spawned_later: list[str] = []  # the job dirs of the ranks it spawned after those (a second mp.spawn)
+        #: the ranks the job spawned itself (torch.multiprocessing.spawn), a job dir each call, in order
+        self.spawned: list[RanksSpawned] = []
         self.warnings_seen = 0  # all there were: what a printer of new warnings counts from
         self.agent_errors: dict[str, float] = {}
         self.host: HostSample | None = None
@@ -283,10 +283,8 @@ class Store:
         elif isinstance(m, CommandResult):
             self.command_results.append(m)
         elif isinstance(m, RanksSpawned):
-            if self.spawned is None:
-                self.spawned = m
-            elif m.job_dir != self.spawned.job_dir and m.job_dir not in self.spawned_later:
-                self.spawned_later.append(m.job_dir)
+            if all(s.job_dir != m.job_dir for s in self.spawned):
+                self.spawned.append(m)
         elif isinstance(m, AgentWarning):
             self.warnings.append(m.message)
             self.warnings_seen += 1

@@ -42,8 +42,8 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
         exports.watch(app.lock, lambda: app.state, cfg=rules, send=source.send)
     app.run()
     outcome = getattr(app, "outcome", "quit")
-    if outcome == SPAWNED and state.spawned is not None:  # the script's ranks, as a job, from here
-        return _follow_spawned(proc, state, source, rules, exports)
+    if outcome == SPAWNED and app.spawned_job is not None:  # the script's ranks, as a job, from here
+        return _follow_spawned(proc, state, source, rules, exports, app.spawned_job)
     if exports is not None:
         exports.close()
     if outcome == "detached" and proc.alive():
@@ -69,22 +69,22 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
 
 
 def _follow_spawned(proc: TrainingProcess, state: RunState, source: Any, rules: Config | None,
-                    exports: Any) -> int:
+                    exports: Any, job_dir: Path) -> int:
     """The dashboard of the ranks the script spawned (its exports follow them); the script's own recording is
     finished once the script ends (not on a detach: the script is left running)."""
     from perfmon.monitor.job_run import SpawnedRanks
 
-    assert state.spawned is not None
-    status = _run_job_dashboard(SpawnedRanks(proc, Path(state.spawned.job_dir)), rules, exports, nodes=False)
+    status = _run_job_dashboard(SpawnedRanks(proc, job_dir), rules, exports, nodes=False)
     source.close()
     if proc.alive():  # detached
         return status
     finalize_recording(proc.run_dir, state, proc.wait(), rules)
     if state.steps:
         print(f"perfmon: the script's own process trained too ({state.steps} steps): perfmon report {proc.run_dir}"
-              f" (its ranks: perfmon report {state.spawned.job_dir})", file=sys.stderr)
-    for job_dir in state.spawned_later:
-        print(f"perfmon: the script spawned ranks again; that job: perfmon report {job_dir}", file=sys.stderr)
+              f" (its ranks: perfmon report {job_dir})", file=sys.stderr)
+    for other in state.spawned:
+        if Path(other.job_dir) != job_dir:
+            print(f"perfmon: the script spawned other ranks too: perfmon report {other.job_dir}", file=sys.stderr)
     return status
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from perfmon import paths
-from perfmon.analysis.job import WarningFeed, ranks_stepping, warning_line
+from perfmon.analysis.job import WarningFeed, stepping_spawn, warning_line
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
@@ -92,16 +92,13 @@ class ScriptOutput:
 
 def _follow_spawned(proc: TrainingProcess, state: RunState, lock: threading.Lock, follower: threading.Thread,
                     source: Source, interval: float, err: Any, rules: Config | None, tail: ScriptOutput,
-                    exports: Any) -> int:
+                    exports: Any, job_dir: Path) -> int:
     """The ranks' job summary, status lines and findings, as for ``perfmon --headless torchrun`` (the exports
     follow the job); the script's own recording is finished as usual, and its summary printed too only where
     the script trained steps of its own."""
     from perfmon.monitor.job_run import SpawnedRanks, run_headless_job
 
-    spawned = state.spawned
-    assert spawned is not None
-    status = run_headless_job(SpawnedRanks(proc, Path(spawned.job_dir)), interval, err, rules, exports=exports,
-                              tail=tail)
+    status = run_headless_job(SpawnedRanks(proc, job_dir), interval, err, rules, exports=exports, tail=tail)
     returncode = proc.wait()
     follower.join(timeout=10.0)
     if isinstance(source, ReplaySource):
@@ -110,9 +107,10 @@ def _follow_spawned(proc: TrainingProcess, state: RunState, lock: threading.Lock
         summary = finalize_recording(proc.run_dir, state, returncode, rules)
         if state.steps:
             print(format_summary(state, summary), file=err, flush=True)
-        for job_dir in state.spawned_later:
-            print(f"perfmon: the script spawned ranks again; that job: perfmon report {job_dir}", file=err,
-                  flush=True)
+        for other in state.spawned:
+            if Path(other.job_dir) != job_dir:
+                print(f"perfmon: the script spawned other ranks too: perfmon report {other.job_dir}", file=err,
+                      flush=True)
     return status
 
 
@@ -159,9 +157,10 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
         follower = follow(source, state, lock)
         next_status = time.monotonic() + interval
         while proc.alive():
-            if state.spawned is not None and ranks_stepping(Path(state.spawned.job_dir)):
-                # the script spawned its ranks: follow them as a job from here
-                return _follow_spawned(proc, state, lock, follower, source, interval, err, rules, tail, exports)
+            if state.spawned and (job_dir := stepping_spawn(state.spawned)) is not None:
+                # the script spawned its ranks, and they train: follow them as a job from here
+                return _follow_spawned(proc, state, lock, follower, source, interval, err, rules, tail, exports,
+                                       job_dir)
             tail.pump()
             if time.monotonic() >= next_rules:
                 with lock:

@@ -28,7 +28,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer
 
 from perfmon import messages
-from perfmon.analysis.job import JobState, WarningFeed, rank_rows, ranks_stepping
+from perfmon.analysis.job import JobState, WarningFeed, rank_rows, stepping_spawn
 from perfmon.analysis.rules import Config, Engine, evaluate_job, evaluate_once
 from perfmon.analysis.state import RunState
 from perfmon.messages.commands import Command
@@ -119,6 +119,7 @@ class DashboardShell(App[None]):
         self.commands_sent: list[Command] = []  # what the command keys sent (diagnostics and tests)
         self._results = ResultFeed()
         self._warnings = WarningFeed()  # the agent's warnings: every rank's in a job, whichever is on show
+        self.spawned_job: Path | None = None  # the job of ranks the script spawned, to reopen on (SPAWNED)
 
     # -- outcome ----------------------------------------------------------------------------
     @property
@@ -273,11 +274,11 @@ class DashboardShell(App[None]):
     @while_composed
     def _tick(self) -> None:
         """Once a second: the rules, the elapsed time of a running job and the profiler window's age."""
-        spawned = self.state.spawned
-        if (self.job is None and self.process is not None and spawned is not None and not self.job_ended
-                and ranks_stepping(Path(spawned.job_dir))):
-            self.finish(SPAWNED)  # the launcher follows the ranks from here (monitor.dashboard)
-            return
+        if self.job is None and self.process is not None and self.state.spawned and not self.job_ended:
+            self.spawned_job = stepping_spawn(self.state.spawned)
+            if self.spawned_job is not None:
+                self.finish(SPAWNED)  # the launcher follows the ranks from here (monitor.dashboard)
+                return
         if not self.stream_ended:
             self.update_findings()
         # a stream that stalled, or nothing new: the clock and the window's age still move (a redraw that
