@@ -72,7 +72,7 @@ def _follow_spawned(proc: TrainingProcess, state: RunState, source: Any, rules: 
                     exports: Any, job_dir: Path) -> int:
     """The dashboard of the ranks the script spawned (its exports follow them); the script's own recording is
     finished once the script ends (not on a detach: the script is left running)."""
-    from perfmon.monitor.job_run import SpawnedRanks
+    from perfmon.monitor.job_run import SpawnedRanks, other_spawns
 
     status = _run_job_dashboard(SpawnedRanks(proc, job_dir), rules, exports, nodes=False)
     source.close()
@@ -82,9 +82,8 @@ def _follow_spawned(proc: TrainingProcess, state: RunState, source: Any, rules: 
     if state.steps:
         print(f"perfmon: the script's own process trained too ({state.steps} steps): perfmon report {proc.run_dir}"
               f" (its ranks: perfmon report {job_dir})", file=sys.stderr)
-    for other in state.spawned:
-        if Path(other.job_dir) != job_dir:
-            print(f"perfmon: the script spawned other ranks too: perfmon report {other.job_dir}", file=sys.stderr)
+    for line in other_spawns(state.spawned, job_dir):
+        print(line, file=sys.stderr)
     return status
 
 

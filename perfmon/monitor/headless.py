@@ -96,7 +96,7 @@ def _follow_spawned(proc: TrainingProcess, state: RunState, lock: threading.Lock
     """The ranks' job summary, status lines and findings, as for ``perfmon --headless torchrun`` (the exports
     follow the job); the script's own recording is finished as usual, and its summary printed too only where
     the script trained steps of its own."""
-    from perfmon.monitor.job_run import SpawnedRanks, run_headless_job
+    from perfmon.monitor.job_run import SpawnedRanks, other_spawns, run_headless_job
 
     status = run_headless_job(SpawnedRanks(proc, job_dir), interval, err, rules, exports=exports, tail=tail)
     returncode = proc.wait()
@@ -107,10 +107,8 @@ def _follow_spawned(proc: TrainingProcess, state: RunState, lock: threading.Lock
         summary = finalize_recording(proc.run_dir, state, returncode, rules)
         if state.steps:
             print(format_summary(state, summary), file=err, flush=True)
-        for other in state.spawned:
-            if Path(other.job_dir) != job_dir:
-                print(f"perfmon: the script spawned other ranks too: perfmon report {other.job_dir}", file=err,
-                      flush=True)
+        for line in other_spawns(state.spawned, job_dir):
+            print(line, file=err, flush=True)
     return status
 
 

@@ -86,6 +86,12 @@ class SpawnedRanks:
         return getattr(self._proc, name)
 
 
+def other_spawns(spawned: list[Any], followed: Path) -> list[str]:
+    """A line for each job of spawned ranks the monitor did not follow (``RunState.spawned``), saying where it is."""
+    return [f"perfmon: the script spawned other ranks too: perfmon report {s.job_dir}" for s in spawned
+            if Path(s.job_dir) != followed]
+
+
 def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, rules: Config | None = None,
                      exports: Any = None, tail: ScriptOutput | None = None) -> int:
     """``perfmon --headless torchrun ...``: torchrun's stdout and stderr on ours, the job's status lines and new job
