@@ -115,10 +115,11 @@ def test_report_of_newer_schema_or_empty_dir_is_a_clear_error(tmp_path):
 
 
 def test_frozen_monitor_does_not_slow_training_and_catches_up(env, tmp_path):
-    """SIGSTOP the headless monitor for 60 s while the job runs ~20k steps/s."""
+    """SIGSTOP the headless monitor for 20 s while the job runs ~20k steps/s (~12 MB/s of recording: the agent's
+    8 MiB buffer for it is full within a second, so most of the freeze runs past that bound)."""
     report, run_dir = tmp_path / "rates.json", tmp_path / "run"
     mon = subprocess.Popen([*PERFMON, "--headless", "--interval", "1000", "--run-dir", str(run_dir),
-                            str(LOOPS / "fast_steps.py"), "--seconds", "75", "--report", str(report)],
+                            str(LOOPS / "fast_steps.py"), "--seconds", "34", "--report", str(report)],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         hello = wait_until(lambda: (run_dir / "events.jsonl").exists() and (run_dir / "events.jsonl").read_text()
@@ -128,7 +129,7 @@ def test_frozen_monitor_does_not_slow_training_and_catches_up(env, tmp_path):
         time.sleep(5)  # let the loop reach its steady rate before the freeze (a measurement window)
         rss_before = agent.memory_info().rss
         mon.send_signal(signal.SIGSTOP)
-        time.sleep(60)  # the monitor stays frozen for the 60 s the issue asks about
+        time.sleep(20)  # frozen far past the point where the agent starts dropping what the monitor does not read
         rss_frozen = agent.memory_info().rss
         mon.send_signal(signal.SIGCONT)
         out, err = mon.communicate(timeout=120)
@@ -139,9 +140,9 @@ def test_frozen_monitor_does_not_slow_training_and_catches_up(env, tmp_path):
         # share of the machine other work leaves the job (a loaded CI machine changes the wall-clock rate).
         per_cpu = [n / c if c > 0.05 else None for n, c in zip(steps, cpu, strict=True)]
         before = [r for r in per_cpu[2:6] if r is not None]
-        frozen = [r for r in per_cpu[8:64] if r is not None]
+        frozen = [r for r in per_cpu[8:26] if r is not None]
         assert sorted(frozen)[len(frozen) // 2] > 0.7 * sorted(before)[len(before) // 2]
-        assert min(steps[8:64]) > 0  # and the loop never stopped for a whole second (nothing blocked on the monitor)
+        assert min(steps[8:26]) > 0  # and the loop never stopped for a whole second (nothing blocked on the monitor)
         assert rss_frozen - rss_before < 150 * 2**20  # the agent drops what the monitor does not read
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["steps"] == int(out.decode().split()[-1]) - 1  # every step recorded
@@ -227,12 +228,12 @@ def test_a_killed_launcher_leaves_the_job_sampling_for_itself(env, tmp_path):
     run_dir = tmp_path / "run"
     events = run_dir / "events.jsonl"
     mon = subprocess.Popen([*PERFMON, "--headless", "--interval", "1000", "--sample-interval", "0.2",
-                            "--run-dir", str(run_dir), str(LOOPS / "fast_steps.py"), "--seconds", "8"],
+                            "--run-dir", str(run_dir), str(LOOPS / "fast_steps.py"), "--seconds", "5"],
                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def samples() -> list[dict]:
-        lines = events.read_bytes().splitlines() if events.exists() else []
-        return [m for m in map(json.loads, lines[:-1]) if m.get("type") == "sample"]  # the last may be partial
+        lines = events.read_bytes().splitlines() if events.exists() else []  # the last may be partial:
+        return [json.loads(line) for line in lines[:-1] if b'"type":"sample"' in line]  # only samples are parsed
 
     wait_until(lambda: any(s.get("sampled_by") == "launcher" for s in samples()), what="a reading from the launcher")
     agent_pid = json.loads(events.read_bytes().split(b"\n", 1)[0])["pid"]
