@@ -48,6 +48,8 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
     "self_profiling": ("self_profiling.py", ["--steps", "40"], False),
     "mfu_logging": ("mfu_logging.py", ["--steps", "24"], False),
     "pretrain_finetune": ("pretrain_finetune.py", ["--pretrain-steps", "20", "--probe-steps", "20"], False),
+    "cleanrl_ppo": ("cleanrl_ppo.py", ["--iterations", "3"], False),
+    "cleanrl_dqn": ("cleanrl_dqn.py", [], False),
 }
 
 
@@ -190,6 +192,14 @@ def test_case_expectations(pair):
         probe = [r for r in rows if r["i"] > truth["pretrain_steps"] + 1]  # its first forward ran before it was seen
         assert len(probe) == truth["steps"] - truth["pretrain_steps"] - 1
         assert all(r["forward_ms"] > 0 for r in probe), [r["forward_ms"] for r in probe]
+    elif pair.name == "cleanrl_ppo":  # the rollouts between updates (the agent under no_grad) are outside steps
+        per_rollout = rep["outside_steps"]["evaluation"]["ms"] / 2  # 3 iterations: 2 rollouts between updates
+        assert per_rollout > 0 and phases["forward"]["mean_ms"] > 0, rep["outside_steps"]
+        durations = [dict(zip(m["fields"], row, strict=True))["dur_ms"]
+                     for m in events(pair.run) if m.get("type") == "steps" for row in m["rows"]]
+        assert max(durations) < per_rollout, (durations, per_rollout)  # 32 acting steps of 4 envs: in no step
+    elif pair.name == "cleanrl_dqn":  # acting with grad between updates: the next update's forward, not outside
+        assert phases["forward"]["mean_ms"] > 0 and rep["outside_steps"]["evaluation"]["ms"] == 0, rep
     elif pair.name == "instrument_late":  # plain python: instrument() after model and optimizer exist records
         runs = sorted((pair.cwd_plain / "perfmon-runs").glob("*"))
         assert len(runs) == 1, runs
