@@ -123,11 +123,12 @@ def test_state_aggregates_recent_and_total():
     state.apply(steps_msg(rows[50:], seq=3))
     assert state.steps == 100
     assert len(state.recent) == 10
-    total = state.phase_stats(recent=False)
-    assert total["step"].mean_ms == pytest.approx(15.0)
+    total = state.phase_stats(recent=False)  # steps 2-100: step 1 (10 ms) is left out
+    assert state.first_step_left_out() == (1, 1000.01, 10.0, 1.0, 2.0, 3.0, 2.0, 2.0, 32, False, 0.0)
+    assert total["step"].mean_ms == pytest.approx(1490 / 99)
     assert total["step"].p50_ms == pytest.approx(15.0, rel=0.4)  # between the two modes
     assert total["step"].p95_ms == pytest.approx(20.0, rel=0.02)
-    assert total["data"].share == pytest.approx(100 / 1500)
+    assert total["data"].share == pytest.approx(99 / 1490)
     assert sum(total[p].share for p in protocol.ALL_PHASES) == pytest.approx(1.0)
     recent = state.phase_stats(recent=True)
     assert recent["step"].mean_ms == pytest.approx(15.0)
@@ -135,6 +136,37 @@ def test_state_aggregates_recent_and_total():
     assert state.samples_per_s(recent=False) == pytest.approx(32 * state.steps_per_s(recent=False))
     line = status_line(state, now=1001.0)  # the headless status line reads the same stats
     assert "step 100 |" in line and "step 15.0 ms | data 7% fwd" in line, line
+
+
+def test_whole_run_figures_leave_the_first_step_out_and_say_so():
+    """Step 1 holds what ran before the loop was learned (here 2 s of setup after a first forward): the phase
+    table, steps/s and samples/s describe the steps after it, and the summary names it. A run of two steps (too
+    short to leave one out), and a step 1 summarised in bulk or profiled (never seen as a row), keep it."""
+    state = RunState()
+    state.apply(hello())
+    rows = [row(1, 1002.0, dur=2000.0, data=0.0, fwd=1.0, bwd=1.0, opt=1.0, samples=32)]
+    rows += [row(i, 1002.0 + (i - 1) * 0.01, dur=10.0) for i in range(2, 11)]
+    state.apply(steps_msg(rows, seq=2))
+    total = state.phase_stats(recent=False)
+    assert total["step"].mean_ms == pytest.approx(10.0) and total["step"].p95_ms == pytest.approx(10.0, rel=0.02)
+    assert total["other"].share == pytest.approx(0.2) and total["data"].share == pytest.approx(0.1)
+    assert state.steps_per_s(recent=False) == pytest.approx(9 / 0.09)
+    assert state.samples_per_s(recent=False) == pytest.approx(32 * 9 / 0.09)
+    summary = build_summary(state)
+    assert summary["steps"] == 10 and summary["first_step_ms"] == 2000.0
+    first = [line.split() for line in format_summary(state, summary).splitlines() if line.startswith("  first ")]
+    assert [words[:8] for words in first] == [["first", "2000.0", "ms,", "left", "out", "of", "the", "table"]]
+
+    short = RunState()
+    short.apply(hello())
+    short.apply(steps_msg(rows[:2], seq=2))
+    assert short.first_step_left_out() is None and build_summary(short)["first_step_ms"] is None
+    assert short.phase_stats(recent=False)["step"].mean_ms == pytest.approx(1005.0)
+
+    unseen = RunState()  # the live stream of a fast job: step 1 in a bulk summary, only later rows
+    unseen.apply(hello())
+    unseen.apply(steps_msg(rows[4:], seq=2))
+    assert unseen.first_step_left_out() is None
 
 
 def test_a_bad_value_stops_its_message_but_the_rows_before_it_count():

@@ -130,7 +130,7 @@ async def test_phases_match_state(tmp_path: Path) -> None:
         assert row_tokens(text, "step")[0][3] == "100%"
         left_out = app.state.windowed_steps
         assert left_out > 0  # the fixture's profiler window: those steps are not in the statistics
-        assert f"since start ({fmt.count(3000 - left_out)})" in text
+        assert f"since step 2 ({fmt.count(3000 - left_out - 1)})" in text  # step 1 (warm-up) left out too
         assert f"{left_out} profiled steps left out" in text  # beside the share bar
 
 
@@ -530,3 +530,34 @@ async def test_a_launched_script_that_spawns_its_ranks_hands_over_to_the_ranks_d
         assert (app.outcome == SPAWNED) == (launched and recorded)
         if launched:
             app.process.end(0)
+
+
+async def test_output_follows_its_tail_when_long_lines_bring_a_horizontal_scrollbar() -> None:
+    """At 80x24, the first lines wider than the panel add a horizontal scrollbar, which takes a line of the view:
+    the output stopped following new lines (the end had moved one line) until End was pressed. A view the user
+    scrolled up still stays where it is."""
+    from textual.app import App
+
+    import perfmon.tui
+
+    class OnlyLog(App[None]):
+        CSS_PATH = str(Path(perfmon.tui.__file__).parent / "app.tcss")
+
+        def compose(self):
+            yield LogPanel()
+
+    app = OnlyLog()
+    async with app.run_test(size=(80, 24)) as pilot:
+        panel = app.query_one(LogPanel)
+        log = panel.log_widget
+        for step in range(40):
+            panel.add_lines([f"step {step} line {k} " + "x" * (150 if step >= 20 else 10) for k in range(5)])
+            await pilot.pause()
+        panel.add_lines(["done"])
+        await pilot.pause()
+        await pilot.pause()
+        assert log.line_count == 201 and log.scroll_y == log.max_scroll_y > 0
+        log.scroll_to(y=log.max_scroll_y - 20, animate=False, immediate=True)
+        panel.add_lines(["more"] * 5)
+        await pilot.pause()
+        assert log.max_scroll_y - log.scroll_y == 25

@@ -18,6 +18,7 @@ from tui_fixtures import (
     NO_GPU_REASON,
     START,
     loaded,
+    panel_steps,
     profile_msg,
     screen_text,
     wait_until,
@@ -101,8 +102,8 @@ def live_app(tmp_path: Path, **kw: Any) -> tuple[PerfmonApp, RecordingSource]:
 
 async def live_loaded(pilot: Any, steps: int = 3000) -> None:
     app = pilot.app
-    await wait_until(pilot, lambda: app.state.steps >= steps and app.query_one(PhasesPanel).info.total_n
-                     + app.state.windowed_steps >= steps)
+    await wait_until(pilot, lambda: app.state.steps >= steps
+                     and panel_steps(app.query_one(PhasesPanel).info, app.state) >= steps)
 
 
 def toasts(app: PerfmonApp) -> list[tuple[str, str]]:
@@ -315,7 +316,7 @@ async def test_ops_empty(tmp_path: Path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(pilot)
         await pilot.press("4")
-        assert EMPTY in screen_text(app) and EMPTY == "no profiler window yet — press p"
+        assert EMPTY in screen_text(app) and EMPTY == "no profiler window yet — p captures one (a live job)"
 
 
 async def test_ops_filled_and_sort_cycles(tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ from perfmon import protocol
 if TYPE_CHECKING:
     from textual.pilot import Pilot
 
+    from perfmon.analysis.state import RunState
     from perfmon.tui.app import PerfmonApp
+    from perfmon.tui.widgets.phases import PhaseInfo
 
 START = 1_760_000_000.0
 STARTUP_S = 3.0
@@ -339,6 +341,12 @@ def screen_text(app: PerfmonApp) -> str:
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
+def panel_steps(info: PhaseInfo, state: RunState) -> int:
+    """The steps the phases panel has folded: its whole-run count, the profiled steps, and step 1 where the
+    whole-run figures leave it out."""
+    return info.total_n + state.windowed_steps + (info.since != "since start")
+
+
 async def wait_until(pilot: Pilot, cond: Callable[[], bool], timeout: float = 10.0) -> None:
     """Let the app run until ``cond()`` holds."""
     deadline = time.monotonic() + timeout
@@ -365,7 +373,7 @@ async def loaded(pilot: Pilot, steps: int | None = None) -> None:
             data = app.stream_ended and app.findings is not None and summary.info == app.findings
         else:
             info = app.query_one(PhasesPanel).info
-            data = info is not None and info.total_n + app.state.windowed_steps >= steps
+            data = info is not None and panel_steps(info, app.state) >= steps
         return data and log.line_count >= want and log.scroll_y == log.max_scroll_y
 
     await wait_until(pilot, ready)

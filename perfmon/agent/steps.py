@@ -505,6 +505,8 @@ class StepTracker:
                 start -= 1  # several loaders fetched together (a zip of two DataLoaders)
         else:
             start = last_eval + 1  # no-grad forwards of never-trained modules (teachers) stay in
+        while start < len(segs) and segs[start].kind == CHECKPOINT:
+            start += 1  # a torch.save before the iteration's first fetch or forward: outside, as between steps
         if start > 0:
             begin, begin_mark = (segs[start].begin, segs[start].mark) if start < len(segs) else (t, None)
             self._settle_outside(begin, start)

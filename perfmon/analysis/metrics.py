@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, replace
 
 from perfmon.analysis.peaks import peak_tflops
+from perfmon.analysis.records import Step
 from perfmon.analysis.store import Store
 from perfmon.messages import HostSample
 from perfmon.protocol import ALL_PHASES
@@ -67,13 +68,31 @@ def phase_stats(store: Store, recent: bool = True) -> PhaseStats:
         for p in (*ALL_PHASES, "step"):
             out[p] = _stats(sorted(s.ms(p) for s in rows), total)
         return out
-    total = store.totals["step"].total_ms
+    first = first_step_left_out(store)
+    total = store.totals["step"].total_ms - (first.dur if first else 0.0)
     for p in (*ALL_PHASES, "step"):
         tot = store.totals[p]
-        n = tot.hist.n
-        out[p] = PhaseStat(mean_ms=tot.total_ms / n if n else None, p50_ms=tot.hist.quantile(0.5),
-                           p95_ms=tot.hist.quantile(0.95), share=tot.total_ms / total if total > 0 else None)
+        hist, total_ms = (tot.hist.without(first.ms(p)), tot.total_ms - first.ms(p)) if first else (tot.hist,
+                                                                                                    tot.total_ms)
+        n = hist.n
+        out[p] = PhaseStat(mean_ms=total_ms / n if n else None, p50_ms=hist.quantile(0.5),
+                           p95_ms=hist.quantile(0.95), share=total_ms / total if total > 0 else None)
     return out
+
+
+#: Whole-run figures leave step 1 out from this many steps in the statistics on (a shorter run keeps it).
+FIRST_STEP_KEPT_BELOW = 3
+
+
+def first_step_left_out(store: Store) -> Step | None:
+    """Step 1, where the whole-run figures (phase table, steps/s, samples/s) leave it out: it holds what ran before
+    the loop was learned (lazy initialisation, compilation, setup between a first forward and the loop), so a
+    short run's figures would describe its warm-up. ``None`` where they keep it (a short run, or step 1 was in a
+    profiler window or summarised in bulk: never seen as a row)."""
+    first = store.first_step
+    if first is None or store.totals["step"].hist.n < FIRST_STEP_KEPT_BELOW:
+        return None
+    return first
 
 
 def _stats(values: list[float], total: float) -> PhaseStat:
@@ -100,6 +119,10 @@ def steps_per_s(store: Store, recent: bool = True) -> float | None:
         return (last.i - first.i + 1) / span if span > 0 else None
     if not store.steps or store.first_start is None or store.last_end is None:
         return None
+    first = first_step_left_out(store)
+    if first is not None:  # from step 1's end: the steps after it, over their time
+        span = store.last_end - first.t
+        return (store.steps_folded - 1) / span if span > 0 else None
     span = store.last_end - store.first_start
     return store.steps_folded / span if span > 0 else None
 
@@ -114,6 +137,9 @@ def samples_per_s(store: Store, recent: bool = True) -> float | None:
     sps = steps_per_s(store, recent=False)
     if not store.samples_steps or sps is None:
         return None
+    first = first_step_left_out(store)
+    if first is not None:
+        return sps * (store.samples_total - first.samples) / (store.steps_folded - 1)
     return sps * store.samples_total / store.steps_folded
 
 

@@ -116,6 +116,8 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
         "step_ms": {"mean_ms": _round(step.mean_ms), "p50_ms": _round(step.p50_ms), "p95_ms": _round(step.p95_ms)},
         "outside_steps": _outside(state),
         "profiled_steps": state.windowed_steps,  # inside profiler/FLOP windows: left out of "phases" and "step_ms"
+        # step 1, left out of "phases", "step_ms" and the rates (None: kept, in a short run)
+        "first_step_ms": _round(first.dur) if (first := state.first_step_left_out()) is not None else None,
         "closures_per_step": _round(state.closures_per_step(), 3),
         "prefetch_share": _round(state.prefetch_share(), 4),  # other threads' fetches / step time (None: none)
         "run_dir": meta.run_dir,
@@ -250,6 +252,9 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
                      f"{_fmt_ms(st.get('p95_ms')):>10}")
     if s["profiled_steps"]:
         lines.append(f"  {'':<10} ({s['profiled_steps']} profiled steps left out: the profiler slows them down)")
+    if s.get("first_step_ms") is not None:
+        lines.append(f"  {'first':<10} {_fmt_ms(s['first_step_ms']):>10} ms, left out of the table and the rates "
+                     "(warm-up: first calls, compilation, setup before the loop)")
     outside = [f"{kind} {v['share'] * 100:.1f}%" for kind, v in s["outside_steps"].items() if v["ms"]]
     if outside:
         lines.append(f"  {'outside':<10} {', '.join(outside)} of wall time (not in any step)")

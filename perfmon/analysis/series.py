@@ -42,6 +42,21 @@ class Histogram:
         for k, c in Counter(keys).items():
             counts[k] = counts.get(k, 0) + c * weight
 
+    def without(self, x: float) -> Histogram:
+        """A copy with one value ``x`` (added before, with weight 1) taken out."""
+        out = Histogram()
+        out.counts, out.n, out.weight, out.zeros = dict(self.counts), self.n - 1, self.weight - 1.0, self.zeros
+        if x <= 1e-6:
+            out.zeros -= 1
+        else:
+            k = math.floor(math.log(x) * _INV_LOG_RATIO)
+            left = out.counts.get(k, 0) - 1
+            if left > 0:
+                out.counts[k] = left
+            else:
+                out.counts.pop(k, None)
+        return out
+
     def quantile(self, q: float) -> float | None:
         if not self.n or self.weight <= 0:
             return None

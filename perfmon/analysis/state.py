@@ -52,6 +52,9 @@ class RunState(Store):
     def closures_per_step(self) -> float | None:
         return metrics.closures_per_step(self)
 
+    def first_step_left_out(self) -> Step | None:
+        return metrics.first_step_left_out(self)
+
     def prefetch_share(self) -> float | None:
         return metrics.prefetch_share(self)
 

@@ -71,6 +71,9 @@ class Store:
         self.windowed_steps = 0  # steps inside profiler / FLOP-counter windows: not in the phase statistics
         self.first_start: float | None = None
         self.last_end: float | None = None
+        #: step 1 as it was folded (not in a window, sent as a row): the whole-run figures leave it out once there
+        #: are more (``metrics``); it holds what ran before the loop was learned (lazy init, compilation, setup)
+        self.first_step: Step | None = None
         self.step_series = TimeSeries()
         self.device_timed = False  # some step had device (CUDA event) phase times
         self.exit: ExitInfo | None = None
@@ -192,6 +195,9 @@ class Store:
         prefetch = m.prefetch[k:] if m.prefetch is not None else [0.0] * (n - k)
         self.recent.extend(map(Step._make, zip(m.i[k:], t[k:], dur[k:], *(p[k:] for p in m.phases),
                                                other[k:], m.samples[k:], flags, prefetch, strict=True)))
+        if self.first_step is None and m.i[0] == 1 and not (inside and inside[0]):
+            self.first_step = Step(1, t[0], dur[0], *(p[0] for p in m.phases), other[0], m.samples[0] or 0, False,
+                                   m.prefetch[0] if m.prefetch is not None else 0.0)
 
     def _bulk(self, m: StepRows, kept: list[float]) -> int:
         """Fold a ``bulk`` summary (rows of a fast job not sent live); the count it adds to the histograms."""

@@ -41,17 +41,20 @@ class PhaseInfo:
     device_timed: bool = False
     notes: str = ""  # time outside steps, closure evaluations: one line under the bar when there is any
     ended: bool = False  # the job is over (with no step: say why there may be none)
+    since: str = "since start"  # or "since step 2": the whole-run figures leave step 1 (warm-up) out
 
     @classmethod
     def from_state(cls, state: RunState, span_index: int = 0) -> PhaseInfo:
         """Derive the panel from ``state`` (call with the state lock held)."""
         label, seconds = SPANS[span_index % len(SPANS)]
+        first_left_out = state.first_step_left_out() is not None
         return cls(
             recent=tuple(state.phase_stats(recent=True).items()),
             total=tuple(state.phase_stats(recent=False).items()),
             recent_n=sum(1 for s in state.recent if not s.windowed),
-            total_n=state.totals["step"].hist.n,
+            total_n=state.totals["step"].hist.n - first_left_out,
             series=tuple(state.step_series.values(seconds)),
+            since="since step 2" if first_left_out else "since start",
             span=label,
             device_timed=state.device_timed,
             notes=notes_line(state),
@@ -98,7 +101,7 @@ class PhasesView:
         head = Text(" " * NAME_W, no_wrap=True)
         head.append(f"last {fmt.count(info.recent_n)} steps{timing}".center(SECTION_W, " "), st["heading"])
         head.append(" " * GAP)
-        head.append(f"since start ({fmt.count(info.total_n)})".center(SECTION_W, " "), st["heading"])
+        head.append(f"{info.since} ({fmt.count(info.total_n)})".center(SECTION_W, " "), st["heading"])
         cols = Text("phase".ljust(NAME_W), st["heading"], no_wrap=True)
         for i in range(2):
             cols.append("".join(h.rjust(NUM_W) for h in ("mean", "p50", "p95")) + "share".rjust(SHARE_W), st["heading"])
