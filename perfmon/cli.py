@@ -228,12 +228,20 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+TORCHRUN_HELP = """\
+usage: perfmon [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS...]
+
+Every rank of a torchrun job, as one job: perfmon runs torchrun (the options before SCRIPT are torchrun's own:
+torchrun --help), each rank records in RUN/rank-K/, and the dashboard's ranks view (7) or the headless job
+summary compares them. perfmon's OPTIONS go before "torchrun" (perfmon --help)."""
+
+
 def _ls(argv: list[str]) -> int:
     from perfmon.monitor.discovery import group_jobs, live_runs
     from perfmon.recording import last_step
 
     p = _Parser(prog="perfmon ls", description="Live perfmon runs on this machine.")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable: a JSON list, an object per run")
     args = p.parse_args(argv)
     runs = live_runs()
     for run in runs:  # how far each is: from its recording, which the job writes anyway
@@ -283,6 +291,10 @@ def _attach(argv: list[str]) -> int:
         return 2
     try:
         run = find_run(args.target)
+        if not _has_terminal():  # Textual would draw into a file or pipe, never read a key, and never end
+            print(f"perfmon: error: perfmon attach draws the dashboard, and there is no terminal here (stdin and "
+                  f"stdout must be one); for the numbers so far: perfmon report {run['run_dir']}", file=sys.stderr)
+            return 2
         if run.get("ranks"):
             return _attach_job(run, metrics)
         source = LiveSource(Path(run["socket"]), Path(run["run_dir"]))
@@ -336,7 +348,7 @@ def _replay(argv: list[str]) -> int:
 
     p = _Parser(prog="perfmon replay", description="The dashboard over a recording, played back in time "
                 "(space pause, + - speed, [ start, ] end).")
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, help="a run directory (holds events.jsonl), or its events.jsonl")
     p.add_argument("--speed", type=float, default=60.0, help="playback speed, x real time (default 60)")
     args = p.parse_args(argv)
     from perfmon.analysis.job import is_job_dir
@@ -365,8 +377,9 @@ def _serve(argv: list[str]) -> int:
                 "job (pid or run dir; default: the only live run) or a recording.")
     p.add_argument("target", nargs="?", help="pid or run dir (default: the only live run)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--host", help="address to listen on (default 127.0.0.1; any other needs a token)")
-    p.add_argument("--token", help="the token requests must carry beyond loopback (default: a random one)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--token", help="the token every request must carry, on loopback too (default: a random one; "
+                   "at least 12 characters)")
     p.add_argument("--prometheus", metavar="[HOST:]PORT", help="also serve metrics for Prometheus")
     args = p.parse_args(argv)
     try:
@@ -460,6 +473,9 @@ def _main(argv: list[str] | None = None) -> int:
     from perfmon.paths import default_run_dir
 
     if args.module is None and rest[0] == "torchrun":
+        if rest[1:2] in (["-h"], ["--help"]):
+            print(TORCHRUN_HELP)
+            return 0
         target = Target(script=None, module=None, args=rest[1:], torchrun=True)
     else:
         target = Target(script=None if args.module else rest[0], module=args.module,

@@ -1133,6 +1133,14 @@ def test_usage_errors_exit_2_with_one_line(env, tmp_path, args):
     assert not run.exists(), "a usage error must not leave a run dir behind"
 
 
+def test_torchrun_help_says_how_torchrun_mode_is_used(env, tmp_path):
+    """``perfmon torchrun --help`` was a usage error ("no training script given")."""
+    res = perfmon(["torchrun", "--help"], env, cwd=tmp_path)
+    assert res.returncode == 0 and res.stderr == ""
+    assert res.stdout.startswith("usage: perfmon [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT") and "torchrun --help" in res.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing was run
+
+
 @pytest.mark.parametrize("how", ["script", "module"])
 def test_python_typed_before_the_script_is_the_interpreter(env, tmp_path, how):
     """``perfmon python train.py`` (as one types ``nsys profile python train.py``) runs train.py with that python,

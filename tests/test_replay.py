@@ -130,6 +130,25 @@ async def test_replay_keys_in_the_dashboard(tmp_path):
     src.close()
 
 
+async def test_q_in_a_replay_mid_way_quits_at_once(tmp_path):
+    """A replay before its exit record looks like a running job; q offered to stop it (with its old pid, which
+    may be another process's by now). A replay has no job to stop or leave running: q quits."""
+    from perfmon.tui.app import PerfmonApp
+    from perfmon.tui.widgets.dialogs import QuitScreen
+
+    run = recording(tmp_path, seconds=600)
+    src = PacedReplaySource(run, speed=1)
+    app = PerfmonApp(RunState(), src, run)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("space")  # paused mid-way, no exit recorded yet
+        assert app.state.exit is None
+        await pilot.press("q")
+        await pilot.pause()
+        assert not isinstance(app.screen, QuitScreen)
+        assert app.outcome == "quit"
+    src.close()
+
+
 async def test_replay_profile_age_is_recording_time(tmp_path):
     """A window 2 s before the end of a recording made long ago reads "2s ago", not the wall-clock age."""
     from tui_fixtures import write_recording

@@ -104,6 +104,26 @@ def test_attach_errors_are_one_line_exit_2(env, tmp_path):
         assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_attach_without_a_terminal_says_so_and_leaves_the_job_alone(env, tmp_path):
+    """Without a terminal the dashboard drew escape codes into the file, spun a core and never ended."""
+    run_dir = tmp_path / "run"
+    mon = subprocess.Popen([*PERFMON, "--headless", "--run-dir", str(run_dir), str(LOOPS / "fast_steps.py"),
+                            "--seconds", "3"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        hello = wait_until(lambda: (run_dir / "events.jsonl").exists() and (run_dir / "events.jsonl").read_text()
+                           .split("\n", 1)[0], what="the recording")
+        out = subprocess.run([*PERFMON, "attach", str(json.loads(hello)["pid"])], capture_output=True, text=True,
+                             env=env, stdin=subprocess.DEVNULL, timeout=60)
+        assert out.returncode == 2 and out.stdout == "", out.stdout[:300]
+        assert out.stderr.splitlines() == [
+            "perfmon: error: perfmon attach draws the dashboard, and there is no terminal here (stdin and stdout "
+            f"must be one); for the numbers so far: perfmon report {run_dir}"]
+        assert mon.wait(timeout=60) == 0  # the job ran on to its end
+    finally:
+        if mon.poll() is None:
+            mon.kill()
+
+
 def test_report_of_newer_schema_or_empty_dir_is_a_clear_error(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -246,3 +266,29 @@ def test_a_killed_launcher_leaves_the_job_sampling_for_itself(env, tmp_path):
     assert took_over > 0 and set(by[:took_over]) == {"launcher"} and set(by[took_over:]) == {None}
     assert len(by) - took_over >= 3, by  # the job went on sampling, every 0.2 s, until it ended
     assert b'"kind":"exit"' in events.read_bytes().rstrip().rsplit(b"\n", 1)[-1]
+
+
+def test_a_bug_in_the_analysis_at_exit_is_one_line_and_the_exit_is_still_recorded(tmp_path, monkeypatch, capsys):
+    """build_summary raising (a half-applied upgrade, a bug) ended the launcher with a traceback and exit 1,
+    losing the job's own status; now it is one line naming the recording, and the exit record is written."""
+    import perfmon.analysis.report as report_module
+    from perfmon.monitor.launch import finalize_recording
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events.jsonl").write_bytes(protocol.encode(protocol.message("hello", seq=1, script="x.py", start=1.0)))
+    state = RunState()
+    state.apply(protocol.message("hello", seq=1, script="x.py", start=1.0))
+
+    def broken(*args, **kwargs):
+        raise AttributeError("'RunState' object has no attribute 'first_step_left_out'")
+
+    monkeypatch.setattr(report_module, "build_summary", broken)
+    assert finalize_recording(run, state, 3) is None
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"perfmon: could not summarise the run (AttributeError: 'RunState' object has no attribute "
+                   f"'first_step_left_out'); a perfmon bug, please report it. The recording is whole: perfmon "
+                   f"report {run}"]
+    last = json.loads((run / "events.jsonl").read_bytes().splitlines()[-1])
+    assert (last["kind"], last["code"], last["recorded_by"]) == ("exit", 3, "monitor")
+    assert not (run / "summary.json").exists()

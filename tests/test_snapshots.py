@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tui_fixtures import START, loaded, write_recording
+from tui_fixtures import START, attached_without_socket, loaded, write_recording
 
 from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
@@ -30,7 +30,7 @@ def finished_app(tmp_path: Path, exit: str = "ok", **kw: Any) -> PerfmonApp:
 
 def running_app(tmp_path: Path, **kw: Any) -> PerfmonApp:
     run_dir = write_recording(tmp_path / "run", exit=None, **kw)
-    app = PerfmonApp(RunState(), ReplaySource(run_dir, follow=True, poll=0.05), run_dir, rules=NO_RULES)
+    app = PerfmonApp(RunState(), attached_without_socket(run_dir), run_dir, rules=NO_RULES)
     app.clock = lambda: CLOCK
     return app
 

@@ -17,6 +17,7 @@ from tui_fixtures import (
     PID,
     START,
     TRACEBACK,
+    attached_without_socket,
     loaded,
     output_lines,
     screen_text,
@@ -346,7 +347,7 @@ async def test_d_detaches_directly(tmp_path: Path) -> None:
 
 async def test_attached_job_cannot_be_stopped_from_dialog(tmp_path: Path) -> None:
     run_dir = write_recording(tmp_path / "run", exit=None)
-    app = PerfmonApp(RunState(), ReplaySource(run_dir, follow=True, poll=0.05), run_dir)
+    app = PerfmonApp(RunState(), attached_without_socket(run_dir), run_dir)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: app.state.steps == 3000)
         await pilot.press("q")

@@ -380,3 +380,14 @@ async def loaded(pilot: Pilot, steps: int | None = None) -> None:
     # the final findings may change panel heights: let that layout happen
     for _ in range(3):
         await pilot.pause()
+
+
+def attached_without_socket(run_dir: Path):
+    """A live job's recording followed while no socket is connected (an attached monitor whose connection
+    dropped): the job may be running, and the monitor cannot command it. A plain recording is a replay."""
+    from perfmon.monitor.sources import ReplaySource
+
+    class Followed(ReplaySource):
+        mode = "attached"
+
+    return Followed(run_dir, follow=True, poll=0.05)

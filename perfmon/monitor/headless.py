@@ -20,7 +20,13 @@ from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
 from perfmon.analysis.state import RunState
-from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording, signals_to
+from perfmon.monitor.launch import (
+    TrainingProcess,
+    exit_status,
+    finalize_recording,
+    signals_to,
+    summary_failed,
+)
 from perfmon.monitor.sources import ReplaySource, Source, connect
 from perfmon.tail import Tail
 
@@ -194,7 +200,10 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             for who, text in warnings.new(state):  # the job's last second: said here, or never
                 print(fresh() + warning_line(who, text), file=err, flush=True)
             summary = finalize_recording(proc.run_dir, state, returncode, rules)
-            print(fresh() + format_summary(state, summary), file=err, flush=True)
+            try:
+                print(fresh() + format_summary(state, summary), file=err, flush=True)
+            except Exception as exc:  # noqa: BLE001 - the job's exit status stands
+                print(fresh() + summary_failed(exc, proc.run_dir), file=err, flush=True)
         if exports is not None:
             exports.close()
         return exit_status(returncode)

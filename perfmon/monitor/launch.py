@@ -360,6 +360,12 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def summary_failed(exc: BaseException, run_dir: Path) -> str:
+    """The line said where perfmon could not summarise a run (a bug of perfmon's, never the job's)."""
+    return (f"perfmon: could not summarise the run ({type(exc).__name__}: {exc}); a perfmon bug, please report "
+            f"it. The recording is whole: perfmon report {run_dir}")
+
+
 def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: Any = None,
                        complete: bool = True) -> dict[str, Any] | None:
     """Fold the process exit into ``state``; if the agent died without recording its exit
@@ -394,13 +400,17 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
         except ReportError:
             return None
         state.process_exited(returncode)
-    findings = None
-    if rules is not None:
-        from perfmon.analysis.rules import evaluate_once
+    try:  # the job's exit is recorded above; a bug in the analysis must not change perfmon's exit status
+        findings = None
+        if rules is not None:
+            from perfmon.analysis.rules import evaluate_once
 
-        findings = evaluate_once(state, rules)
-    summary = build_summary(state, findings)
-    write_summary(run_dir, summary)
+            findings = evaluate_once(state, rules)
+        summary = build_summary(state, findings)
+        write_summary(run_dir, summary)
+    except Exception as exc:  # noqa: BLE001
+        print(summary_failed(exc, run_dir), file=sys.stderr, flush=True)
+        return None
     return summary
 
 

@@ -49,7 +49,7 @@ KEYS: list[Binding] = [
     Binding("r", "next_rank", "Rank", tooltip="multi-rank job: the next rank in every per-rank view"),
     *(Binding(key, f"command('{name}')", label, show=key == "p", tooltip=text)
       for key, (name, label, text) in COMMANDS.items()),
-    Binding("s", "cycle_sort", "Sort", tooltip="ops view: sort by self, total, calls, FLOPs"),
+    Binding("s", "cycle_sort", "Sort", tooltip="ops view: next sort order of the top ops"),
     Binding("t", "cycle_span", "Span", tooltip="chart span: " + ", ".join(s for s, _ in SPANS)),
     Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
     Binding("space", "replay('toggle_pause')", "Pause", group=REPLAY_GROUP, tooltip="replay: pause / play"),
@@ -98,12 +98,12 @@ class PerfmonApp(DashboardShell):
             self.finish(QUIT if ended else SIGNALLED if self.process is not None else DETACHED)
 
     def action_request_quit(self) -> None:
-        """q / ctrl+c: quit at once when the job is over, else ask."""
+        """q / ctrl+c: quit at once when the job is over or this is a replay, else ask."""
         if isinstance(self.screen, QuitScreen):
             return
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
-        if self.job_ended:
+        if self.job_ended or not self.live:  # a replay mid-way: its job is long gone, and its pid may be another's
             self.finish(QUIT)
             return
         pid = self.state.meta.pid or (self.process.pid if self.process else "")

@@ -54,10 +54,15 @@ class LogPanel(Vertical):
     following = True  # the view shows the tail (cleared when lines come while the user looks further up)
 
     def add_lines(self, lines: Iterable[str]) -> None:
-        """Append complete lines of output."""
+        """Append complete lines of output; a view at the tail stays at the tail."""
         log = self.log_widget
-        self.following = log.is_vertical_scroll_end
-        log.write_lines([clean_line(line) for line in lines])
+        # Within a line of the end: the horizontal scrollbar a first long line brings takes a line of the view,
+        # which moves the end one line further (Log's own check then stopped following for good)
+        self.following = log.max_scroll_y - log.scroll_y <= 1
+        log.write_lines([clean_line(line) for line in lines], scroll_end=False)
+        if self.following:
+            self._follow_tail()
+            self.call_after_refresh(self._follow_tail)  # once the scrollbar is laid out too
 
     def on_resize(self) -> None:
         """Panels above appeared or the view changed: a log that followed its tail keeps following it."""

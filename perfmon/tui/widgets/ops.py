@@ -20,7 +20,7 @@ from perfmon.tui.widgets.styled import StyledWidget
 #: Sort orders, cycled by the ``s`` key: (label, op key).
 SORTS: tuple[tuple[str, str], ...] = (("self time", "self_ms"), ("total time", "total_ms"), ("calls", "calls"),
                                       ("FLOPs", "flops"))
-EMPTY = "no profiler window yet — press p"
+EMPTY = "no profiler window yet — p captures one (a live job)"
 WIDTHS = {"calls": 7, "self_ms": 9, "total_ms": 10, "self_cpu_ms": 8, "share": 7, "flops": 8}
 SHAPES_MIN = 24
 
