@@ -302,6 +302,68 @@ def test_the_script_sees_its_own_stack_as_under_plain_python(env, tmp_path):
     assert (run / "stderr.log").read_text() == plain.stderr
 
 
+WRAPPED_CALLS_SCRIPT = """
+import inspect, io, traceback, warnings
+import torch
+from torch import nn
+
+warnings.simplefilter("default")  # once per place: a warning named at a wrapper's line would hide the next one
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 1)
+
+    def forward(self, x, step):
+        if step in (0, 6):  # 0: in discovery's wrapper; 6: in the root's
+            for level in (2, 3, 4, 5):
+                warnings.warn(f"level {level}", UserWarning, stacklevel=level)
+            print("stack", step, [f.function for f in inspect.stack()][:6])
+            print("".join(traceback.format_stack(limit=4)).count("File "))
+        if step in (3, 8):
+            raise RuntimeError("out of memory (simulated)")
+        return self.lin(x)
+
+
+def train_step(model, opt, x, step):
+    try:
+        loss = model(x, step).pow(2).mean()
+    except RuntimeError:
+        buf = io.StringIO()
+        traceback.print_exc(file=buf)
+        print("skipped", step, buf.getvalue().count("File "), [f.name for f in traceback.extract_tb(
+            __import__("sys").exc_info()[2])])
+        return
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(10):
+    train_step(model, opt, torch.randn(8, 4), step)
+model(torch.randn(3, 4), 6)  # the same warnings from two lines: python names (and prints) both
+model(torch.randn(5, 4), 6)
+"""
+
+
+def test_warnings_and_caught_tracebacks_through_perfmons_wrappers_are_plain_pythons(env, tmp_path):
+    """The root module's __call__ wrapper (and discovery's, during step 1) is a Python frame of perfmon's between
+    the script's: a warning with stacklevel=4 in forward named hooks.py instead of the caller's line (and so
+    printed once for two call sites), and a caught exception's traceback (fairseq's out-of-memory skip) had an
+    extra frame. Warnings, caught tracebacks and printed stacks are now exactly python's."""
+    plain, res, run = plain_and_headless(WRAPPED_CALLS_SCRIPT, "wrapped.py", env, tmp_path)
+    assert plain.returncode == res.returncode == 0, res.stderr
+    assert "UserWarning: level 4\n  loss = model(x, step).pow(2).mean()" in plain.stderr
+    assert plain.stderr.count("UserWarning: level 4\n  model(torch.randn(") == 2 and "skipped 3 " in plain.stdout
+    assert res.stdout == plain.stdout
+    assert (run / "stderr.log").read_text() == plain.stderr
+    assert "hooks.py" not in res.stdout + (run / "stderr.log").read_text()
+    assert report(run, env)["steps"] == 8
+
+
 COMPILED_OPTIMIZER_SCRIPT = """
 import torch
 from torch import nn

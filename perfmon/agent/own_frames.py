@@ -11,6 +11,10 @@ the end of the script ends it instead of stepping into the launcher. ``warnings.
 the script's oldest frame names ``sys:1``, as python does, not the launcher's line. (Tracebacks of exceptions
 are trimmed where the launcher reports them. Stacks read in C, a profiler's ``with_stack`` or the allocator's
 history, still show the launcher's frames.)
+
+perfmon's hook wrappers (``agent/hooks.py``: the root module's ``__call__``, ``torch.save``, a closure) put a frame
+of their own between the script's. The same readers skip those frames, a warning's ``stacklevel`` does not count
+them, and a caught exception's traceback (``traceback.walk_tb`` and its full-positions twin) has no entry for them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import bdb
 import inspect
 import itertools
+import os
 import runpy
 import sys
 import traceback
@@ -34,6 +39,20 @@ from perfmon.agent.stand_in import replaced, stand_in
 #: FakeTensorMode takes ``traceback.extract_stack()``) holds unhashable ones.
 _RUNPY = tuple(fn.__code__ for fn in (runpy.run_module, runpy.run_path, runpy._run_module_code))
 _launcher: frozenset[FrameType] = frozenset()
+#: The file of perfmon's hook wrappers (``agent/hooks.py``; not imported here: it imports torch). Its frames sit
+#: between the script's own (the root module's ``__call__``, ``torch.save``, a closure) and are hidden like the
+#: launcher's: a warning's ``stacklevel`` and a caught exception's traceback count and show the script's frames.
+_HOOKS_FILES = frozenset({p := os.path.join(os.path.dirname(os.path.abspath(__file__)), "hooks.py"),
+                          os.path.realpath(p)})
+
+
+def _is_wrapper(frame: FrameType) -> bool:
+    """``frame`` runs code of perfmon's hook wrappers."""
+    return frame.f_code.co_filename in _HOOKS_FILES
+
+
+def _not_wrapper(item: tuple[FrameType, int]) -> bool:
+    return item[0].f_code.co_filename not in _HOOKS_FILES
 
 
 def _is_launchers(frame: FrameType) -> bool:
@@ -63,21 +82,38 @@ def hide(caller: FrameType) -> None:
     real_walk, real_outer = traceback.walk_stack, inspect.getouterframes
 
     def walk_stack(f: FrameType | None) -> Iterator[tuple[FrameType, int]]:
-        # takewhile is C: the real generator is resumed from the same Python frame as without the stand-in, so
-        # its own start (walk_stack(None) counts frames back from itself) is unchanged, on every Python
-        return itertools.takewhile(lambda item: not _is_launchers(item[0]), real_walk(f))
+        # takewhile and filter are C: the real generator is resumed from the same Python frame as without the
+        # stand-in, so its own start (walk_stack(None) counts frames back from itself) is unchanged, on every Python
+        return itertools.takewhile(lambda item: not _is_launchers(item[0]), filter(_not_wrapper, real_walk(f)))
 
     def getouterframes(frame: FrameType | None, context: int = 1) -> list[Any]:
         out = real_outer(frame, context)
         for i, info in enumerate(out):
             if _is_launchers(info.frame):
-                return out[:i]
-        return out
+                out = out[:i]
+                break
+        return [info for info in out if not _is_wrapper(info.frame)]
 
     traceback.walk_stack = stand_in(walk_stack, real_walk)
     inspect.getouterframes = stand_in(getouterframes, real_outer)
+    _hide_from_tracebacks()
     _hide_from_debuggers()
     _hide_from_warnings()
+
+
+def _hide_from_tracebacks() -> None:
+    """A caught exception's traceback, as ``traceback.print_exc``, ``format_exc``, ``logging.exception`` and
+    ``TracebackException`` read it (through these two generators): no entry for a wrapper's frame, as under
+    python, where the exception never passed through one. (An uncaught one is trimmed where it is reported.)"""
+    for name in ("walk_tb", "_walk_tb_with_full_positions"):
+        real = getattr(traceback, name, None)
+        if real is None or replaced(real):
+            continue
+
+        def walk(tb: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Iterator[Any]:
+            return filter(_not_wrapper, _real(tb, *args, **kwargs))
+
+        setattr(traceback, name, stand_in(walk, real))
 
 
 def _hide_from_debuggers() -> None:
@@ -105,18 +141,22 @@ def _hide_from_debuggers() -> None:
     bdb.Bdb.get_stack = stand_in(get_stack, real_get_stack)  # type: ignore[method-assign]
 
 
-def _past_the_script(frame: FrameType, stacklevel: int) -> bool:
+def _count_back(frame: FrameType, stacklevel: int) -> tuple[bool, int]:
     """``stacklevel`` counted from ``frame`` (1: ``frame``) the way python's warnings count it (importlib's own
-    frames skipped) goes below the script's oldest frame."""
+    frames skipped), perfmon's wrapper frames not counted: whether it goes below the script's oldest frame, and
+    how many wrapper frames it passed (what python must count on top to land on the same frame)."""
     f: FrameType | None = frame
+    wrappers = 0
     for _ in range(stacklevel - 1):
         assert f is not None
         f = f.f_back
-        while f is not None and "importlib" in f.f_code.co_filename and "_bootstrap" in f.f_code.co_filename:
+        while f is not None and ("importlib" in f.f_code.co_filename and "_bootstrap" in f.f_code.co_filename
+                                 or f.f_code.co_filename in _HOOKS_FILES):
+            wrappers += f.f_code.co_filename in _HOOKS_FILES
             f = f.f_back
         if f is None or _is_launchers(f):
-            return True
-    return False
+            return True, wrappers
+    return False, wrappers
 
 
 def _hide_from_warnings() -> None:
@@ -125,15 +165,18 @@ def _hide_from_warnings() -> None:
     real_warn = warnings.warn
 
     def warn(message: Any, category: Any = None, stacklevel: int = 1, source: Any = None, **kwargs: Any) -> None:
-        if stacklevel > 1 and not kwargs and _past_the_script(sys._getframe(1), stacklevel):
-            if isinstance(message, Warning):
-                category = type(message)
-            registry = sys.__dict__.setdefault("__warningregistry__", {})
-            warnings.warn_explicit(message, category or UserWarning, "sys", 1, module="sys", registry=registry,
-                                   source=source)
-            return
-        # + this frame (python takes a stacklevel below 1 as 1: the caller's)
-        real_warn(message, category, max(stacklevel, 1) + 1 if isinstance(stacklevel, int) else stacklevel, source,
-                  **kwargs)
+        wrappers = 0
+        if isinstance(stacklevel, int) and stacklevel > 1 and not kwargs:
+            past, wrappers = _count_back(sys._getframe(1), stacklevel)
+            if past:
+                if isinstance(message, Warning):
+                    category = type(message)
+                registry = sys.__dict__.setdefault("__warningregistry__", {})
+                warnings.warn_explicit(message, category or UserWarning, "sys", 1, module="sys", registry=registry,
+                                       source=source)
+                return
+        # + this frame (python takes a stacklevel below 1 as 1: the caller's), + the wrappers passed on the way
+        real_warn(message, category, max(stacklevel, 1) + 1 + wrappers if isinstance(stacklevel, int) else stacklevel,
+                  source, **kwargs)
 
     warnings.warn = stand_in(warn, real_warn)
