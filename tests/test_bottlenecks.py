@@ -92,7 +92,7 @@ def test_headless_prints_findings_as_they_appear(tmp_path):
 def test_more_torch_threads_than_cpus_is_named_with_the_count_to_set(tmp_path):
     """Twice as many torch threads as CPUs: whatever else the machine runs, they wait for each other."""
     cpus = os.cpu_count() or 1
-    data = run(tmp_path, "oversubscribed", host_rules=True)
+    data = run(tmp_path, "oversubscribed", "--steps", "60", host_rules=True)  # readings every 0.05 s here
     found = {f["id"]: f for f in data["findings"]}
     assert "cpu-contention" in found, [(f["id"], f["title"]) for f in data["findings"]]
     f = found["cpu-contention"]

@@ -85,7 +85,8 @@ class HostSampler:
         w_rss = [_safe(lambda w=w: w.memory_info().rss) for w in workers]
         mem = _read_meminfo()
         # the threads' CPU wait (a file a thread) every SLOW_EVERY samples, and swap there when psutil reads it
-        slow = self._samples % SLOW_EVERY == 1  # the first sample is one
+        # the first sample is one (the baseline), and so is the second: a job of a few seconds gets a reading
+        slow = self._samples % SLOW_EVERY == 1 or self._samples == 2
         if mem is None:
             vm = _safe(psutil.virtual_memory)
             if slow or self._swap is None:

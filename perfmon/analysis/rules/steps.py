@@ -31,7 +31,7 @@ def priority(f: Facts, cfg: Config) -> Finding | None:
                 "backward: the loss, logged metrics, a framework's hooks; log less often, without .item() or a "
                 "sync across ranks every step)")
     return Finding(
-        "priority", "info", f"Biggest phase: {top} ({share:.0%} of step time)",
+        "priority", "info", f"Biggest phase: {top} ({share:.0%} of the last {len(f.steps)} steps)",
         {"share_by_phase": {p: round(s, 4) for p, s in ranked}, "steps": len(f.steps)},  # ranked, biggest first
         f"Optimise {PHASE_ADVICE[top]} first{note}.", impact=share,
     )
