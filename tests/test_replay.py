@@ -135,6 +135,7 @@ async def test_q_in_a_replay_mid_way_quits_at_once(tmp_path):
     may be another process's by now). A replay has no job to stop or leave running: q quits."""
     from perfmon.tui.app import PerfmonApp
     from perfmon.tui.widgets.dialogs import QuitScreen
+    from perfmon.tui.widgets.logpanel import LogPanel
 
     run = recording(tmp_path, seconds=600)
     src = PacedReplaySource(run, speed=1)
@@ -142,6 +143,8 @@ async def test_q_in_a_replay_mid_way_quits_at_once(tmp_path):
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("space")  # paused mid-way, no exit recorded yet
         assert app.state.exit is None
+        # the output has no times to play it by: the panel says it shows the whole run's
+        assert app.query_one(LogPanel).border_title == "output (the whole run's: not played in time)"
         await pilot.press("q")
         await pilot.pause()
         assert not isinstance(app.screen, QuitScreen)
