@@ -364,6 +364,26 @@ def test_warnings_and_caught_tracebacks_through_perfmons_wrappers_are_plain_pyth
     assert report(run, env)["steps"] == 8
 
 
+def test_an_instrumented_script_prints_what_it_prints_without_perfmon(env, tmp_path):
+    """perfmon.instrument() in a plain python run: the same warnings (stacklevel from forward), logging's
+    stacklevel, caught tracebacks, and no "subprocess still running" ResourceWarning from the summary writer
+    perfmon leaves behind at exit (a script that shows every warning printed one)."""
+    script = ("import sys\nif sys.argv[1:]:\n    import perfmon\n    perfmon.instrument()\n"
+              "import logging\nlogging.basicConfig(format='%(filename)s:%(lineno)d %(funcName)s %(message)s', "
+              "stream=sys.stdout, level=logging.INFO)\n"
+              + WRAPPED_CALLS_SCRIPT.replace('warnings.simplefilter("default")', 'warnings.simplefilter("always")')
+              .replace('print("stack", step,', 'logging.info("from forward", stacklevel=4); print("stack", step,'))
+    (tmp_path / "instr.py").write_text(script)
+    runs = [subprocess.run([sys.executable, "instr.py", *extra], capture_output=True, text=True, timeout=120,
+                           env=env, cwd=tmp_path) for extra in ([], ["instrument"])]
+    plain, instrumented = runs
+    assert plain.returncode == instrumented.returncode == 0, instrumented.stderr
+    assert "instr.py:" in plain.stdout and "from forward" in plain.stdout
+    assert instrumented.stdout == plain.stdout
+    assert instrumented.stderr == plain.stderr
+    assert len(list((tmp_path / "perfmon-runs").iterdir())) == 1  # it did record
+
+
 COMPILED_OPTIMIZER_SCRIPT = """
 import torch
 from torch import nn

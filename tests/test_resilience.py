@@ -272,7 +272,7 @@ def test_a_bug_in_the_analysis_at_exit_is_one_line_and_the_exit_is_still_recorde
     """build_summary raising (a half-applied upgrade, a bug) ended the launcher with a traceback and exit 1,
     losing the job's own status; now it is one line naming the recording, and the exit record is written."""
     import perfmon.analysis.report as report_module
-    from perfmon.monitor.launch import finalize_recording
+    from perfmon.monitor.launch import SUMMARY_FAILED, finalize_recording, print_summary
 
     run = tmp_path / "run"
     run.mkdir()
@@ -284,9 +284,13 @@ def test_a_bug_in_the_analysis_at_exit_is_one_line_and_the_exit_is_still_recorde
         raise AttributeError("'RunState' object has no attribute 'first_step_left_out'")
 
     monkeypatch.setattr(report_module, "build_summary", broken)
-    assert finalize_recording(run, state, 3) is None
+    summary = finalize_recording(run, state, 3)
+    assert summary is SUMMARY_FAILED  # said once: the launchers print nothing more for it
+    # where only the text fails (the summary was written), that is said instead of the table, once
+    print_summary(lambda: report_module.format_summary(state, None), run, sys.stderr)
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"perfmon: could not summarise the run (AttributeError: 'RunState' object has no attribute "
+    assert len(err) == 2 and err[0] == err[1]
+    assert err[:1] == [f"perfmon: could not summarise the run (AttributeError: 'RunState' object has no attribute "
                    f"'first_step_left_out'); a perfmon bug, please report it. The recording is whole: perfmon "
                    f"report {run}"]
     last = json.loads((run / "events.jsonl").read_bytes().splitlines()[-1])

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import _api, paths
-from perfmon.agent import exits, own_threads
+from perfmon.agent import exits, own_frames, own_threads
 from perfmon.agent.runtime import Agent
 
 #: A process the job spawned, recording as one of its ranks (``spawned.run_rank``): the job's dir, this rank and
@@ -102,6 +102,7 @@ def start_agent(target: str, argv: list[str], module: bool = False, rank: Rank |
     exits.install_self_kill(agent, finish_agent)
     exits.install_os_exit(agent, finish_agent)
     own_threads.hide()
+    own_frames.hide_wrappers()  # a warning's stacklevel, a caught traceback: as without perfmon's wrappers
     return agent
 
 

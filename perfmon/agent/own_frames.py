@@ -22,6 +22,7 @@ from __future__ import annotations
 import bdb
 import inspect
 import itertools
+import logging
 import os
 import runpy
 import sys
@@ -77,6 +78,12 @@ def hide(caller: FrameType) -> None:
         frames.append(f)
         f = f.f_back
     _launcher = frozenset(frames)
+    hide_wrappers()
+
+
+def hide_wrappers() -> None:
+    """Put the stand-ins in place (once): the launcher's frames, where ``hide`` named them, and perfmon's wrapper
+    frames, in every process perfmon records (launched, ``perfmon.instrument()``, a spawned rank)."""
     if replaced(traceback.walk_stack):
         return
     real_walk, real_outer = traceback.walk_stack, inspect.getouterframes
@@ -99,6 +106,20 @@ def hide(caller: FrameType) -> None:
     _hide_from_tracebacks()
     _hide_from_debuggers()
     _hide_from_warnings()
+    _hide_from_logging()
+
+
+def _hide_from_logging() -> None:
+    """``logging``'s ``stacklevel`` (``logger.info(..., stacklevel=2)`` in a helper called from ``forward``) skips
+    its own frames as internal (Python 3.11+): a wrapper's frame is one more."""
+    real = getattr(logging, "_is_internal_frame", None)
+    if real is None or replaced(real):
+        return
+
+    def is_internal_frame(frame: FrameType) -> bool:
+        return frame.f_code.co_filename in _HOOKS_FILES or real(frame)
+
+    logging._is_internal_frame = stand_in(is_internal_frame, real)  # type: ignore[attr-defined]
 
 
 def _hide_from_tracebacks() -> None:

@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -281,10 +282,13 @@ class Agent:
             ranked = self.meta.get("rank") is not None and self.run_dir.name.startswith(paths.RANK_DIR_PREFIX)
             job_writer = ranked and self.meta.get("local_rank") in (0, None)
             target = [str(self.run_dir.parent), "--wait-ranks", "600"] if job_writer else [str(self.run_dir)]
-            subprocess.Popen([sys.executable, "-m", "perfmon.cli", "report", *target, "--write-summary",
-                              *rules],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             env=env, start_new_session=True, close_fds=True)
+            writer = subprocess.Popen([sys.executable, "-m", "perfmon.cli", "report", *target, "--write-summary",
+                                       *rules],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      env=env, start_new_session=True, close_fds=True)
+            with warnings.catch_warnings():  # it outlives the job by design: no "still running" ResourceWarning
+                warnings.simplefilter("ignore", ResourceWarning)  # in a script that shows them ("always")
+                del writer
         except Exception as exc:  # noqa: BLE001 - the recording holds everything; summary.json is a convenience
             self.record_error("summary", exc)
 

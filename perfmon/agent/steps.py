@@ -505,10 +505,14 @@ class StepTracker:
                 start -= 1  # several loaders fetched together (a zip of two DataLoaders)
         else:
             start = last_eval + 1  # no-grad forwards of never-trained modules (teachers) stay in
+        saved = start
         while start < len(segs) and segs[start].kind == CHECKPOINT:
             start += 1  # a torch.save before the iteration's first fetch or forward: outside, as between steps
         if start > 0:
-            begin, begin_mark = (segs[start].begin, segs[start].mark) if start < len(segs) else (t, None)
+            if start > saved:  # the step begins as the save ends: the loop's own work after it (a batch built) is in
+                begin, begin_mark = segs[start - 1].end, segs[start - 1].end_mark
+            else:
+                begin, begin_mark = (segs[start].begin, segs[start].mark) if start < len(segs) else (t, None)
             self._settle_outside(begin, start)
             part = self._part = _Part(begin, begin_mark)
         _absorb(part, segs[start:])

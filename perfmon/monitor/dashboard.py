@@ -10,7 +10,15 @@ from typing import Any
 from perfmon import paths
 from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
-from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording, signals_to, stdin_hint
+from perfmon.monitor.launch import (
+    SUMMARY_FAILED,
+    TrainingProcess,
+    exit_status,
+    finalize_recording,
+    print_summary,
+    signals_to,
+    stdin_hint,
+)
 from perfmon.monitor.sources import connect
 
 
@@ -150,6 +158,7 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
     summary = finalize_job(proc.run_dir, job, returncode, rules)
     from perfmon.analysis.job_report import job_status
 
-    print(f"perfmon: {job_status(job) if summary else 'no rank recorded anything'}; run dir {proc.run_dir}",
-          file=sys.stderr)
+    if summary is not SUMMARY_FAILED:
+        print_summary(lambda: f"perfmon: {job_status(job) if summary else 'no rank recorded anything'}; run dir "
+                      f"{proc.run_dir}", proc.run_dir, sys.stderr)
     return exit_status(returncode)

@@ -21,11 +21,12 @@ from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
 from perfmon.analysis.state import RunState
 from perfmon.monitor.launch import (
+    SUMMARY_FAILED,
     TrainingProcess,
     exit_status,
     finalize_recording,
+    print_summary,
     signals_to,
-    summary_failed,
 )
 from perfmon.monitor.sources import ReplaySource, Source, connect
 from perfmon.tail import Tail
@@ -111,8 +112,8 @@ def _follow_spawned(proc: TrainingProcess, state: RunState, lock: threading.Lock
         source.close()
     with lock:
         summary = finalize_recording(proc.run_dir, state, returncode, rules)
-        if state.steps:
-            print(format_summary(state, summary), file=err, flush=True)
+        if state.steps and summary is not SUMMARY_FAILED:
+            print_summary(lambda: format_summary(state, summary), proc.run_dir, err)
         for line in other_spawns(state.spawned, job_dir):
             print(line, file=err, flush=True)
     return status
@@ -200,10 +201,8 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             for who, text in warnings.new(state):  # the job's last second: said here, or never
                 print(fresh() + warning_line(who, text), file=err, flush=True)
             summary = finalize_recording(proc.run_dir, state, returncode, rules)
-            try:
-                print(fresh() + format_summary(state, summary), file=err, flush=True)
-            except Exception as exc:  # noqa: BLE001 - the job's exit status stands
-                print(fresh() + summary_failed(exc, proc.run_dir), file=err, flush=True)
+            if summary is not SUMMARY_FAILED:
+                print_summary(lambda: format_summary(state, summary), proc.run_dir, err, fresh())
         if exports is not None:
             exports.close()
         return exit_status(returncode)

@@ -16,7 +16,15 @@ from perfmon.analysis.report import ReportError
 from perfmon.analysis.rules import Config, evaluate_job
 from perfmon.monitor.headless import ScriptOutput
 from perfmon.monitor.job_source import JobSource
-from perfmon.monitor.launch import TrainingProcess, exit_status, finalize_recording, signals_to
+from perfmon.monitor.launch import (
+    SUMMARY_FAILED,
+    TrainingProcess,
+    exit_status,
+    finalize_recording,
+    print_summary,
+    signals_to,
+    summary_failed,
+)
 
 
 def job_source(proc: TrainingProcess) -> JobSource:
@@ -71,7 +79,11 @@ def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | 
     for rank, state in job.ranks.items():  # ranks of other nodes (multi-node hub): as their stream told
         recorded.ranks.setdefault(rank, state)
     job.ranks = recorded.ranks
-    return write_job_summaries(recorded, run_dir, rules)
+    try:  # the ranks' exits are recorded above; a bug in the analysis must not change perfmon's exit status
+        return write_job_summaries(recorded, run_dir, rules)
+    except Exception as exc:  # noqa: BLE001
+        print(summary_failed(exc, run_dir), file=sys.stderr, flush=True)
+        return SUMMARY_FAILED
 
 
 class SpawnedRanks:
@@ -155,8 +167,10 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             for who, text in warnings.new(job=job):  # the job's last seconds: said here, or never
                 print(fresh() + warning_line(who, text), file=err, flush=True)
             summary = finalize_job(proc.run_dir, job, returncode, rules)
-            if summary is not None:
-                print(fresh() + format_job_summary(job, summary), file=err, flush=True)
+            if summary is SUMMARY_FAILED:
+                pass  # said
+            elif summary is not None:
+                print_summary(lambda: format_job_summary(job, summary), proc.run_dir, err, fresh())
             else:
                 print(f"{fresh()}perfmon: no rank recorded anything (see {proc.run_dir / paths.STDERR_LOG})", file=err, flush=True)
         return exit_status(returncode)

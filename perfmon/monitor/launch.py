@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,6 +366,21 @@ def summary_failed(exc: BaseException, run_dir: Path) -> str:
             f"it. The recording is whole: perfmon report {run_dir}")
 
 
+#: What ``finalize_recording`` (and ``finalize_job``) return where the analysis failed: said on stderr already,
+#: nothing to print (compared by identity).
+SUMMARY_FAILED: dict[str, Any] = {"summary_failed": True}
+
+
+def print_summary(text: Callable[[], str], run_dir: Path, err: Any, prefix: str = "") -> None:
+    """Print the summary ``text()`` makes; where the analysis fails, the one line that says so instead: the
+    job's exit status stands whatever perfmon's analysis does."""
+    try:
+        line = text()
+    except Exception as exc:  # noqa: BLE001
+        line = summary_failed(exc, run_dir)
+    print(prefix + line, file=err, flush=True)
+
+
 def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: Any = None,
                        complete: bool = True) -> dict[str, Any] | None:
     """Fold the process exit into ``state``; if the agent died without recording its exit
@@ -410,7 +425,7 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
         write_summary(run_dir, summary)
     except Exception as exc:  # noqa: BLE001
         print(summary_failed(exc, run_dir), file=sys.stderr, flush=True)
-        return None
+        return SUMMARY_FAILED
     return summary
 
 
