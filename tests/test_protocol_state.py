@@ -169,6 +169,21 @@ def test_whole_run_figures_leave_the_first_step_out_and_say_so():
     assert unseen.first_step_left_out() is None
 
 
+@pytest.mark.parametrize("with_samples, expected", [
+    (range(1, 21), 32 * 19 / 0.19),  # every step fetched its batch
+    (range(1, 9), None),  # itertools.cycle(loader): the first pass fetched, the replayed batches count none
+    ([1], None),  # only step 1 (left out): was 0.0 samples/s
+])
+def test_whole_run_samples_per_s_only_where_most_steps_counted_theirs(with_samples, expected):
+    state = RunState()
+    state.apply(hello())
+    state.apply(steps_msg([row(i, 1000.0 + i * 0.01, samples=32 if i in with_samples else 0)
+                           for i in range(1, 21)], seq=2))
+    got = state.samples_per_s(recent=False)
+    assert got == (pytest.approx(expected) if expected is not None else None)
+    assert state.samples_per_s(recent=True) == (pytest.approx(got) if got is not None else None)  # as live
+
+
 def test_a_bad_value_stops_its_message_but_the_rows_before_it_count():
     state = RunState(recent=5)
     state.apply(hello())

@@ -135,12 +135,15 @@ def samples_per_s(store: Store, recent: bool = True) -> float | None:
         rate = steps_per_s(store, recent=True)
         return None if rate is None else rate * sum(s.samples for s in store.recent) / len(store.recent)
     sps = steps_per_s(store, recent=False)
-    if not store.samples_steps or sps is None:
-        return None
     first = first_step_left_out(store)
+    counted, total, steps = store.samples_steps, store.samples_total, store.steps_folded
     if first is not None:
-        return sps * (store.samples_total - first.samples) / (store.steps_folded - 1)
-    return sps * store.samples_total / store.steps_folded
+        counted, total, steps = counted - (first.samples > 0), total - first.samples, steps - 1
+    # as over the recent window: where most steps fetched no batch perfmon saw (itertools.cycle(loader) replays
+    # the first pass's batches; a loader used only at the start), samples/s would be a fraction of the truth
+    if sps is None or counted < 2 or counted < steps // 2:
+        return None
+    return sps * total / steps
 
 
 def batch_size(store: Store) -> int | None:
