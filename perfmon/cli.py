@@ -435,7 +435,10 @@ def _replay_job(run_dir: Path) -> int:
 
 
 def _has_terminal() -> bool:
-    """A dashboard needs a terminal to draw on and to read keys from (cron, nohup, CI and pipes have none)."""
+    """A dashboard needs a terminal to draw on and to read keys from (cron, nohup, CI and pipes have none), or a
+    Textual driver of its own: ``perfmon serve`` runs each browser tab's dashboard with the web driver, on pipes."""
+    if os.environ.get("TEXTUAL_DRIVER"):
+        return True
     try:
         return sys.stdin.isatty() and sys.stdout.isatty()
     except (AttributeError, ValueError):  # closed or replaced streams
