@@ -673,6 +673,16 @@ def test_a_ranking_in_evidence_reads_as_a_ranked_list():
     assert text == "1. optimizer 51% · 2. backward 20% · 3. other 10%"
 
 
+def test_cpu_percents_in_evidence_say_they_are_of_one_cpu():
+    """cpu-contention's evidence showed "wait_share 53%" beside "trainer_wait_percent 100" (of one CPU: the
+    trainer waited as long as a whole CPU would run), which read as a contradiction."""
+    from perfmon.tui.widgets.findings import evidence_value
+
+    assert [evidence_value(k, v) for k, v in (("wait_share", 0.53), ("trainer_wait_percent", 100.0),
+                                              ("trainer_cpu_percent", 145.8))] == [
+        "53%", "100% of a CPU", "146% of a CPU"]
+
+
 def test_ops_view_of_a_gpu_window_analysed_from_its_trace(tmp_path: Path) -> None:
     """A real A100 DDP trace, summarised as the monitor summarises a live window: ops by the device time of
     their kernels (no inclusive-time or FLOPs columns it cannot fill), the kernels apart, HTA's breakdown."""
