@@ -384,6 +384,48 @@ def test_an_instrumented_script_prints_what_it_prints_without_perfmon(env, tmp_p
     assert len(list((tmp_path / "perfmon-runs").iterdir())) == 1  # it did record
 
 
+COMPILED_MODEL_NO_RECOMPILE_SCRIPT = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+model = Net()
+compiled = torch.compile(model, backend="eager")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(12):
+    loss = nn.functional.cross_entropy(compiled(torch.randn(8, 16)), torch.randint(0, 4, (8,)))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if i == 0:
+        torch.compiler.set_stance("fail_on_recompile")  # warmed up: a recompile from here on is an error
+print("steps", i + 1, "loss", round(loss.item(), 4))
+"""
+
+
+def test_a_compiled_model_compiles_once_as_under_plain_python(env, tmp_path):
+    """During step 1 dynamo traced the compiled model's forward through perfmon's discovery wrapper on
+    nn.Module.__call__ (its submodules' calls) and guarded on it; discovery's end put the plain __call__ back, and
+    the next step recompiled: an error under set_stance("fail_on_recompile"), an extra graph everywhere else."""
+    plain, res, run = plain_and_headless(COMPILED_MODEL_NO_RECOMPILE_SCRIPT, "compiled_model.py", env, tmp_path)
+    assert plain.returncode == 0 and "steps 12" in plain.stdout, plain.stderr
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout == plain.stdout
+    rep = report(run, env)
+    assert rep["steps"] == 12 and rep["phases"]["forward"]["mean_ms"] > 0
+
+
 COMPILED_OPTIMIZER_SCRIPT = """
 import torch
 from torch import nn

@@ -83,6 +83,15 @@ def loader_settings(loader: Any) -> dict[str, Any]:
     }
 
 
+def _compiled_module(mod: Any) -> bool:
+    """``mod`` runs compiled code when called: ``torch.compile(model)``'s OptimizedModule, or ``model.compile()``."""
+    if mod.__dict__.get("_compiled_call_impl") is not None:
+        return True
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing was compiled
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    return optimized is not None and isinstance(mod, optimized)
+
+
 def _compiling() -> Callable[[], bool]:
     """``torch.compiler.is_compiling`` where it exists (dynamo folds it to True while tracing)."""
     fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
@@ -803,14 +812,23 @@ class Instrumentation:
         bounds = self.bounds
 
         def make(original: Callable) -> Callable:
+            def plain_inside(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+                # A compiled module (torch.compile(model), model.compile()): dynamo traces its forward now and
+                # inlines the submodules' nn.Module.__call__, guarding on what it finds there. It must find the
+                # plain one, as after discovery: finding this wrapper, it recompiled once discovery put the plain
+                # one back (an extra recompile; an error under set_stance("fail_on_recompile")).
+                with inst._calls_lifted():
+                    return original(mod, *args, **kwargs)
+
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 if compiling():  # first, alone: dynamo folds it and reads nothing of perfmon's
                     return original(mod, *args, **kwargs)
+                call = plain_inside if _compiled_module(mod) else original
                 if (not bounds.discovering or inst._module_depth or bounds.in_data or bounds.in_root
                         or bounds.in_backward or bounds.train_thread != get_ident()):
                     inst._module_depth += 1
                     try:
-                        return original(mod, *args, **kwargs)
+                        return call(mod, *args, **kwargs)
                     finally:
                         inst._module_depth -= 1
                 # A top-level module call: time it as the root's wrapper will time later ones.
@@ -822,7 +840,7 @@ class Instrumentation:
                 inst.begin("forward", ("forward", key, kind), kind)
                 inst._module_depth += 1
                 try:
-                    return original(mod, *args, **kwargs)
+                    return call(mod, *args, **kwargs)
                 finally:
                     inst._module_depth -= 1
                     inst.end("forward")
