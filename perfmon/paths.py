@@ -171,6 +171,9 @@ SPAWNED_RANKS = "ranks"
 #: What a launched script writes, in its run dir: its stdout, and its stderr (each its own, as without perfmon).
 OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"
+#: A multi-rank job's launcher status (torchrun's exit), in the job dir: ``{"schema": 1, "returncode": int}``. The
+#: ranks may all exit 0 from their own SIGTERM handlers while torchrun exits 1: the report reads it from here.
+LAUNCHER_EXIT = "launcher-exit.json"
 
 
 def trace_analysis(trace: Path) -> Path:

@@ -425,3 +425,23 @@ def test_steady_steps(n: int, windowed: range, kwargs: dict[str, int], expected:
     steps = steady_steps(recorded(n, windowed), **kwargs)
     assert [s.i for s in steps] == expected
     assert not any(s.windowed for s in steps)
+
+
+def test_the_report_of_a_job_keeps_its_launchers_exit_status(tmp_path):
+    """torchrun stopped by SIGTERM exits 1 while its ranks exit 0 from their own handlers: the live summary said
+    exited 1, and `perfmon report RUN` (rebuilt from the ranks' recordings) said exited 0. The launcher records
+    torchrun's status in the job dir; the report reads it (a dir without it: the ranks tell)."""
+    from tui_fixtures import write_job
+
+    from perfmon import paths
+    from perfmon.analysis.job import load_job
+    from perfmon.analysis.job_report import build_job_summary, job_status
+
+    job_dir = write_job(tmp_path / "job", world=2, steps=60, telemetry=False, profile=False)
+    assert load_job(job_dir).returncode is None
+    assert build_job_summary(load_job(job_dir), job_dir)["exit_code"] == 0
+    (job_dir / paths.LAUNCHER_EXIT).write_text('{"schema": 1, "returncode": 1}\n')
+    job = load_job(job_dir)
+    assert build_job_summary(job, job_dir)["exit_code"] == 1 and job_status(job) == "exited 1"
+    (job_dir / paths.LAUNCHER_EXIT).write_text("{not json")
+    assert load_job(job_dir).returncode is None

@@ -8,6 +8,7 @@ never by an agent).
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,7 +212,17 @@ def load_job(run_dir: Path) -> JobState:
             continue  # a rank that never started its agent: the others still tell the story
     if not job.ranks:
         raise ReportError(f"{run_dir}: none of its rank dirs holds a recording")
+    job.returncode = launcher_returncode(Path(run_dir))
     return job
+
+
+def launcher_returncode(run_dir: Path) -> int | None:
+    """The job's launcher's exit status, where the launcher recorded it (``paths.LAUNCHER_EXIT``)."""
+    try:
+        value = json.loads((run_dir / paths.LAUNCHER_EXIT).read_text()).get("returncode")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 #: How much of the end of a rank's recording :func:`ranks_stepping` reads: a stepping rank writes a ``steps``

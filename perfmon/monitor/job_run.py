@@ -3,6 +3,7 @@ when the launcher ends, complete each rank's recording and write the job's summa
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -67,6 +68,10 @@ def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | 
     """The launcher ended: a rank whose agent died without recording its exit gets one (the job's
     status), every rank's summary.json and the job's are written from the recordings."""
     job.process_exited(returncode)
+    try:  # what `perfmon report RUN` reads for the job's status later (the ranks' own exits may differ)
+        (run_dir / paths.LAUNCHER_EXIT).write_text(json.dumps({"schema": 1, "returncode": returncode}) + "\n")
+    except OSError:
+        pass
     for rank, rank_dir in paths.rank_dirs(run_dir):
         state = job.ranks.get(rank)
         if state is not None and (rank_dir / "events.jsonl").exists():
