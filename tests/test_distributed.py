@@ -110,6 +110,11 @@ def test_a_failing_rank_takes_the_job_down_and_is_named(tmp_path, env):  # noqa:
     assert "RuntimeError: rank 1 failed at step 5" in without.stderr and "failed at step" not in without.stdout
     raised = 'raise RuntimeError(f"rank {rank} failed at step {steps}")'
     assert raised in without.stderr and raised in res.stderr and "failed at step" not in res.stdout
+    # torchrun's own report, as torchrun raises it: its traceback, then the box named for the script (it read
+    # "perfmon.agent FAILED", with no traceback)
+    box = [line for line in without.stderr.splitlines() if line.endswith(" FAILED")]
+    assert box and box == [line for line in res.stderr.splitlines() if line.endswith(" FAILED")]
+    assert "ChildFailedError" in without.stderr and "ChildFailedError" in res.stderr
     summary = report(tmp_path / "run", env)
     assert summary["failed_rank"]["rank"] == 1
     assert "RuntimeError: rank 1 failed at step 5" in summary["failed_rank"]["exception"]

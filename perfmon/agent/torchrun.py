@@ -42,20 +42,21 @@ def main(argv: list[str]) -> int:
         print(f"perfmon: error: can't open file {args.training_script!r}: No such file or directory",
               file=sys.stderr)
         return 2
+    target = args.training_script  # what torchrun names in its report: the script as given, or the module
     args.training_script, args.training_script_args = worker_command(
         args.training_script, list(args.training_script_args), bool(args.module))
     args.module = True
     os.environ[paths.RANKS_ENV] = "1"  # every worker records as a rank, even in a world of one
-    torchrun.run(args)  # raises ChildFailedError when a worker fails; its message names the rank
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        torchrun.run(args)  # raises ChildFailedError when a worker fails; its message names the rank
+    except ChildFailedError as exc:
+        # torchrun's own report (which rank, exit code, error file), raised on as torchrun's main raises it (its
+        # traceback, then exit 1): named for the script, not for perfmon.agent, which each worker runs first
+        raise ChildFailedError(name=target, failures=exc.failures).with_traceback(exc.__traceback__) from None
     return 0
 
 
 if __name__ == "__main__":
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except ChildFailedError as exc:
-        # torchrun's own report (which rank, exit code, error file), then its exit status
-        print(str(exc), file=sys.stderr)
-        sys.exit(1)
+    sys.exit(main(sys.argv[1:]))
