@@ -147,6 +147,7 @@ class Instrumentation:
         self.unavailable: list[str] = []  # what this torch lacks: measured as "not measured"
         #: classes whose __call__ perfmon wrapped: original, wrapper, whether the class defined it itself
         self._calls: dict[type, tuple[Any, Callable, bool]] = {}
+        self._lifted = False  # the wrappers are off (_calls_lifted)
         self._module_depth = 0  # module calls open on the training thread (discovery only)
         self._top_calls = 0
         self._candidates: dict[int, torch.nn.Module] = {}
@@ -771,16 +772,22 @@ class Instrumentation:
     @contextlib.contextmanager
     def _calls_lifted(self) -> Iterator[None]:
         """Plain ``__call__`` everywhere while torch.compile builds a module: it captures
-        ``module.__call__`` and would otherwise compile perfmon's wrapper as the user's frame."""
+        ``module.__call__`` and would otherwise compile perfmon's wrapper as the user's frame. Reentrant (a compiled
+        module called inside another's call): only the outermost puts the wrappers back."""
+        if self._lifted:
+            yield
+            return
         lifted = list(self._calls.items())
         for cls, (original, _, had_own) in lifted:
             if had_own:
                 cls.__call__ = original  # type: ignore[method-assign]
             else:
                 delattr(cls, "__call__")
+        self._lifted = True
         try:
             yield
         finally:
+            self._lifted = False
             for cls, (_, wrapped, _) in lifted:
                 if cls in self._calls:
                     cls.__call__ = wrapped  # type: ignore[method-assign]
