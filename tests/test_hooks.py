@@ -415,3 +415,24 @@ def test_a_forked_child_that_starts_its_own_agent_drops_everything_of_its_parent
         assert _api.get_agent() is None
     finally:
         sys.meta_path[:] = [f for f in sys.meta_path if f not in waits]
+
+
+def test_lifting_the_call_wrappers_nests(hooks):
+    """A compiled module called inside another's call during discovery lifts the wrappers again: the inner lift
+    put them back while the outer call still ran (dynamo would trace them), or failed deleting a __call__ that a
+    root's class no longer had (an AttributeError into the script)."""
+    inst, _ = hooks
+
+    class Root(nn.Module):
+        def forward(self, x):
+            return x
+
+    root = Root()
+    inst.hook_root(root)
+    assert "__call__" in vars(Root) and nn.Module.__call__ is not inst._calls[nn.Module][0]
+    with inst._calls_lifted():
+        with inst._calls_lifted():
+            pass
+        assert "__call__" not in vars(Root)  # still plain after the inner exit
+        assert nn.Module.__call__ is inst._calls[nn.Module][0]
+    assert "__call__" in vars(Root) and nn.Module.__call__ is not inst._calls[nn.Module][0]
