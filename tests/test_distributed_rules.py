@@ -445,3 +445,21 @@ def test_the_report_of_a_job_keeps_its_launchers_exit_status(tmp_path):
     assert build_job_summary(job, job_dir)["exit_code"] == 1 and job_status(job) == "exited 1"
     (job_dir / paths.LAUNCHER_EXIT).write_text("{not json")
     assert load_job(job_dir).returncode is None
+
+
+def test_a_run_dir_used_again_forgets_an_earlier_launchers_status(tmp_path):
+    """A torchrun job that recorded nothing leaves launcher-exit.json but no recording, so its run dir may be used
+    again; the new job's report took the old status (a running job read "exited 1")."""
+    import subprocess
+    import sys
+
+    from perfmon import paths
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / paths.LAUNCHER_EXIT).write_text('{"schema": 1, "returncode": 1}\n')
+    (tmp_path / "quick.py").write_text("print('hi')\n")
+    res = subprocess.run([sys.executable, "-m", "perfmon.cli", "--headless", "--run-dir", str(run),
+                          str(tmp_path / "quick.py")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "hi" in res.stdout, res.stderr
+    assert not (run / paths.LAUNCHER_EXIT).exists()

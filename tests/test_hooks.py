@@ -436,3 +436,32 @@ def test_lifting_the_call_wrappers_nests(hooks):
         assert "__call__" not in vars(Root)  # still plain after the inner exit
         assert nn.Module.__call__ is inst._calls[nn.Module][0]
     assert "__call__" in vars(Root) and nn.Module.__call__ is not inst._calls[nn.Module][0]
+
+
+def test_module_calls_on_another_thread_during_step_1_leave_the_models_forward_found(hooks):
+    """A module running on another thread (an augmentation model, a background evaluator) kept discovery's shared
+    nesting count above 0, so the training thread's top-level calls looked nested: no root, no forward time, all
+    run long."""
+    import threading
+
+    inst, rec = hooks
+    busy, stop = nn.Linear(64, 64), threading.Event()
+    inside = threading.Event()
+
+    class Slow(nn.Module):
+        def forward(self, x):
+            inside.set()
+            while not stop.is_set():
+                busy(x)
+            return x
+
+    worker = threading.Thread(target=lambda: Slow()(torch.randn(2, 64)), daemon=True)
+    worker.start()
+    assert inside.wait(10)
+    try:
+        model = mlp()
+        train(model, torch.optim.SGD(model.parameters(), lr=0.1), 3)
+    finally:
+        stop.set()
+        worker.join(10)
+    assert any(m is model for m in inst.roots)

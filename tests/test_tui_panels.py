@@ -679,8 +679,8 @@ def test_cpu_percents_in_evidence_say_they_are_of_one_cpu():
     from perfmon.tui.widgets.findings import evidence_value
 
     assert [evidence_value(k, v) for k, v in (("wait_share", 0.53), ("trainer_wait_percent", 100.0),
-                                              ("trainer_cpu_percent", 145.8))] == [
-        "53%", "100% of a CPU", "146% of a CPU"]
+                                              ("trainer_cpu_percent", 145.8), ("system_cpu_percent", 95.0))] == [
+        "53%", "100% of a CPU", "146% of a CPU", "95% of the host"]
 
 
 def test_ops_view_of_a_gpu_window_analysed_from_its_trace(tmp_path: Path) -> None:

@@ -830,9 +830,11 @@ class Instrumentation:
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
                 if compiling():  # first, alone: dynamo folds it and reads nothing of perfmon's
                     return original(mod, *args, **kwargs)
+                if bounds.train_thread != get_ident():  # another thread's calls: not the loop's, and they must
+                    return original(mod, *args, **kwargs)  # not make the training thread's look nested
                 call = plain_inside if _compiled_module(mod) else original
                 if (not bounds.discovering or inst._module_depth or bounds.in_data or bounds.in_root
-                        or bounds.in_backward or bounds.train_thread != get_ident()):
+                        or bounds.in_backward):
                     inst._module_depth += 1
                     try:
                         return call(mod, *args, **kwargs)

@@ -224,6 +224,8 @@ class TrainingProcess:
             raise LaunchError(f"run dir {self.run_dir} already holds a recording; choose another --run-dir")
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            # an earlier launch's status (a job that recorded nothing, in a run dir used again) is not this one's
+            (self.run_dir / paths.LAUNCHER_EXIT).unlink(missing_ok=True)
             log = open(self.run_dir / paths.OUTPUT_LOG, "ab")
             try:
                 errlog = open(self.run_dir / paths.STDERR_LOG, "ab")

@@ -35,6 +35,8 @@ def evidence_value(key: str, value: Any) -> str:
     if isinstance(value, int | float):
         if "share" in key or key in ("margin", "busy", "device_busy", "mfu"):
             return fmt.share(float(value))
+        if key == "system_cpu_percent":  # the whole host's busy share
+            return f"{float(value):.0f}% of the host"
         if key.endswith("cpu_percent") or key.endswith("wait_percent"):  # of one CPU: 150 is a CPU and a half
             return f"{float(value):.0f}% of a CPU"
         if key.endswith("bytes"):
