@@ -797,17 +797,35 @@ class Instrumentation:
             def compile(*args: Any, **kwargs: Any) -> Any:
                 with self._calls_lifted():
                     result = orig(*args, **kwargs)
+                model = args[0] if args else kwargs.get("model")
                 try:  # compiled after discovery: the compiled module is timed as its model was
-                    model = args[0] if args else kwargs.get("model")
                     if isinstance(result, torch.nn.Module) and self._is_root(model):
                         self.hook_root(result)
                 except Exception as exc:  # noqa: BLE001
                     self._on_error("hooks:compile", exc)
-                return result
+                if model is None or isinstance(model, torch.nn.Module) or not callable(result):
+                    return result  # a module, or the decorator torch.compile(**options) returns (it calls this)
+                return self._lifted_while_discovering(result)
 
             return compile
 
         self._patch(torch, "compile", make)
+
+    def _lifted_while_discovering(self, compiled: Callable) -> Callable:
+        """A compiled function (``@torch.compile def train_step``) that calls the model: dynamo traces it during
+        step 1 and would inline discovery's wrapper on the submodules' ``nn.Module.__call__`` and guard on it; once
+        discovery put the plain one back, it recompiled. Called while discovering, it runs with the plain one."""
+        compiling = _compiling()
+        bounds = self.bounds
+
+        @functools.wraps(compiled)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if compiling() or not bounds.discovering or bounds.train_thread != get_ident():
+                return compiled(*args, **kwargs)
+            with self._calls_lifted():
+                return compiled(*args, **kwargs)
+
+        return run
 
     def _is_root(self, module: Any) -> bool:
         ref = self._root_refs.get(id(module))
