@@ -228,14 +228,6 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-TORCHRUN_HELP = """\
-usage: perfmon [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS...]
-
-Every rank of a torchrun job, as one job: perfmon runs torchrun (the options before SCRIPT are torchrun's own:
-torchrun --help), each rank records in RUN/rank-K/, and the dashboard's ranks view (7) or the headless job
-summary compares them. perfmon's OPTIONS go before "torchrun" (perfmon --help)."""
-
-
 def _ls(argv: list[str]) -> int:
     from perfmon.monitor.discovery import group_jobs, live_runs
     from perfmon.recording import last_step
@@ -477,7 +469,9 @@ def _main(argv: list[str] | None = None) -> int:
 
     if args.module is None and rest[0] == "torchrun":
         if rest[1:2] in (["-h"], ["--help"]):
-            print(TORCHRUN_HELP)
+            from perfmon.agent.torchrun import HELP
+
+            print(HELP)
             return 0
         target = Target(script=None, module=None, args=rest[1:], torchrun=True)
     else:

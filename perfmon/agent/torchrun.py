@@ -14,6 +14,12 @@ import sys
 from perfmon import paths
 
 USAGE = "usage: perfmon torchrun [torchrun options] SCRIPT [ARGS...] (or -m MODULE [ARGS...])"
+HELP = """\
+usage: perfmon [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS...]
+
+Every rank of a torchrun job, as one job: perfmon runs torchrun (the options before SCRIPT are torchrun's own:
+torchrun --help), each rank records in RUN/rank-K/, and the dashboard's ranks view (7) or the headless job
+summary compares them. perfmon's OPTIONS go before "torchrun" (perfmon --help)."""
 
 
 def worker_command(script: str, script_args: list[str], module: bool) -> tuple[str, list[str]]:
@@ -22,10 +28,11 @@ def worker_command(script: str, script_args: list[str], module: bool) -> tuple[s
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv[:1] in (["-h"], ["--help"]):
+        print(HELP)
+        return 0
+    if not argv:
         print(USAGE, file=sys.stderr)
-        if argv:
-            print("torchrun's options: python -m torch.distributed.run --help", file=sys.stderr)
         return 2
     from torch.distributed import run as torchrun
 

@@ -22,9 +22,9 @@ from perfmon.monitor.launch import (
     TrainingProcess,
     exit_status,
     finalize_recording,
+    guarded_summary,
     print_summary,
     signals_to,
-    summary_failed,
 )
 
 
@@ -84,11 +84,7 @@ def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | 
     for rank, state in job.ranks.items():  # ranks of other nodes (multi-node hub): as their stream told
         recorded.ranks.setdefault(rank, state)
     job.ranks = recorded.ranks
-    try:  # the ranks' exits are recorded above; a bug in the analysis must not change perfmon's exit status
-        return write_job_summaries(recorded, run_dir, rules)
-    except Exception as exc:  # noqa: BLE001
-        print(summary_failed(exc, run_dir), file=sys.stderr, flush=True)
-        return SUMMARY_FAILED
+    return guarded_summary(lambda: write_job_summaries(recorded, run_dir, rules), run_dir)
 
 
 class SpawnedRanks:
@@ -172,10 +168,8 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             for who, text in warnings.new(job=job):  # the job's last seconds: said here, or never
                 print(fresh() + warning_line(who, text), file=err, flush=True)
             summary = finalize_job(proc.run_dir, job, returncode, rules)
-            if summary is SUMMARY_FAILED:
-                pass  # said
-            elif summary is not None:
+            if summary is not None and summary is not SUMMARY_FAILED:  # (a failure is said already)
                 print_summary(lambda: format_job_summary(job, summary), proc.run_dir, err, fresh())
-            else:
+            elif summary is None:
                 print(f"{fresh()}perfmon: no rank recorded anything (see {proc.run_dir / paths.STDERR_LOG})", file=err, flush=True)
         return exit_status(returncode)

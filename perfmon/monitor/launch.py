@@ -373,6 +373,16 @@ def summary_failed(exc: BaseException, run_dir: Path) -> str:
 SUMMARY_FAILED: dict[str, Any] = {"summary_failed": True}
 
 
+def guarded_summary(build: Callable[[], dict[str, Any] | None], run_dir: Path) -> dict[str, Any] | None:
+    """``build()``; where the analysis fails, the line that says so (on stderr) and ``SUMMARY_FAILED``: a bug of
+    perfmon's analysis never changes perfmon's exit status, which is the job's."""
+    try:
+        return build()
+    except Exception as exc:  # noqa: BLE001
+        print(summary_failed(exc, run_dir), file=sys.stderr, flush=True)
+        return SUMMARY_FAILED
+
+
 def print_summary(text: Callable[[], str], run_dir: Path, err: Any, prefix: str = "") -> None:
     """Print the summary ``text()`` makes; where the analysis fails, the one line that says so instead: the
     job's exit status stands whatever perfmon's analysis does."""
@@ -417,7 +427,8 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
         except ReportError:
             return None
         state.process_exited(returncode)
-    try:  # the job's exit is recorded above; a bug in the analysis must not change perfmon's exit status
+
+    def summarise() -> dict[str, Any]:
         findings = None
         if rules is not None:
             from perfmon.analysis.rules import evaluate_once
@@ -425,9 +436,8 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
             findings = evaluate_once(state, rules)
         summary = build_summary(state, findings)
         write_summary(run_dir, summary)
-    except Exception as exc:  # noqa: BLE001
-        print(summary_failed(exc, run_dir), file=sys.stderr, flush=True)
-        return SUMMARY_FAILED
-    return summary
+        return summary
+
+    return guarded_summary(summarise, run_dir)  # the job's exit is recorded above, whatever the analysis does
 
 
