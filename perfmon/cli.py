@@ -518,5 +518,12 @@ def _main(argv: list[str] | None = None) -> int:
     return run_dashboard(proc, rules, exports)
 
 
+def entry() -> NoReturn:
+    """The ``perfmon`` command: ends as the job ended, of its signal where one killed it."""
+    from perfmon.monitor.exit_like import exit_like
+
+    exit_like(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -10,10 +10,10 @@ from typing import Any
 from perfmon import paths
 from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
+from perfmon.monitor.exit_like import exit_status
 from perfmon.monitor.launch import (
     SUMMARY_FAILED,
     TrainingProcess,
-    exit_status,
     finalize_recording,
     print_summary,
     signals_to,

@@ -20,10 +20,10 @@ from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
 from perfmon.analysis.state import RunState
+from perfmon.monitor.exit_like import exit_status
 from perfmon.monitor.launch import (
     SUMMARY_FAILED,
     TrainingProcess,
-    exit_status,
     finalize_recording,
     print_summary,
     signals_to,

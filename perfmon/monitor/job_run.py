@@ -17,10 +17,10 @@ from perfmon.analysis.report import ReportError
 from perfmon.analysis.rules import Config, evaluate_job
 from perfmon.monitor.headless import ScriptOutput
 from perfmon.monitor.job_source import JobSource
+from perfmon.monitor.exit_like import exit_status
 from perfmon.monitor.launch import (
     SUMMARY_FAILED,
     TrainingProcess,
-    exit_status,
     finalize_recording,
     guarded_summary,
     print_summary,

@@ -357,11 +357,6 @@ def stdin_hint(exception: str | None) -> str | None:
             "argument")
 
 
-def exit_status(returncode: int) -> int:
-    """Shell convention: a signal N becomes 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def summary_failed(exc: BaseException, run_dir: Path) -> str:
     """The line said where perfmon could not summarise a run (a bug of perfmon's, never the job's)."""
     return (f"perfmon: could not summarise the run ({type(exc).__name__}: {exc}); a perfmon bug, please report "
