@@ -15,9 +15,9 @@ from perfmon.analysis.job import JobState, WarningFeed, load_job, rank_rows, war
 from perfmon.analysis.job_report import format_job_summary, job_status_line, write_job_summaries
 from perfmon.analysis.report import ReportError
 from perfmon.analysis.rules import Config, evaluate_job
+from perfmon.monitor.exit_like import exit_status
 from perfmon.monitor.headless import ScriptOutput
 from perfmon.monitor.job_source import JobSource
-from perfmon.monitor.exit_like import exit_status
 from perfmon.monitor.launch import (
     SUMMARY_FAILED,
     TrainingProcess,
