@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from perfmon.agent.hooks import Instrumentation, accelerator
 from perfmon.agent.steps import BEGIN, BOUNDARY, END, PREFETCH, StepTracker
@@ -465,3 +465,52 @@ def test_module_calls_on_another_thread_during_step_1_leave_the_models_forward_f
         stop.set()
         worker.join(10)
     assert any(m is model for m in inst.roots)
+
+
+def test_the_loader_an_evaluation_iterates_is_not_taken_for_the_training_loader(hooks):
+    """A validation loader (iterated under no_grad, or with the model in eval mode) is marked as such, and the
+    training loader stays the one the input rules and the model view describe, however the epochs interleave."""
+    from perfmon.messages import LoaderSettings, training_loader
+    from perfmon.messages.base import records
+
+    inst, _ = hooks
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=2)
+    val_loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+    test_loader = DataLoader(TensorDataset(torch.randn(4, 4)), batch_size=1)
+    for _epoch in range(2):
+        model.train()
+        for (x,) in train_loader:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        model.eval()  # Hugging Face's evaluation loop: eval mode, no_grad inside each prediction step
+        for (x,) in val_loader:
+            with torch.no_grad():
+                model(x)
+    model.train()
+    with torch.no_grad():  # a test pass with the model left in train mode
+        for (x,) in test_loader:
+            model(x)
+    settings = list(inst.loaders.values())
+    assert [(s["batch_size"], s["training"]) for s in settings] == [(2, True), (4, False), (1, False)]
+    assert training_loader(records(LoaderSettings, settings)).batch_size == 2
+
+
+@pytest.mark.parametrize("training, picked", [
+    ((), None),
+    ((None,), 0),  # a recording from before perfmon said which loader trains: the newest, as it was
+    ((None, None), 1),
+    ((True, False), 0),
+    ((True, False, False), 0),
+    ((False, True), 1),
+    ((True, True, False), 1),  # a second stage's training loader
+    ((False, False), 1),  # evaluation only: the newest still says what the input pipeline is
+])
+def test_training_loader_is_the_newest_not_iterated_for_an_evaluation(training, picked):
+    from perfmon.messages import LoaderSettings, training_loader
+
+    loaders = tuple(LoaderSettings(batch_size=i, training=t) for i, t in enumerate(training))
+    got = training_loader(loaders)
+    assert (got.batch_size if got else None) == picked

@@ -73,13 +73,13 @@ def batch_size(batch: Any) -> int | None:
     return None
 
 
-def loader_settings(loader: Any) -> dict[str, Any]:
-    """The DataLoader arguments that decide input throughput."""
+def loader_settings(loader: Any, training: bool | None = None) -> dict[str, Any]:
+    """The DataLoader arguments that decide input throughput; ``training``: its epoch is one of training."""
     return {
         "num_workers": loader.num_workers, "pin_memory": bool(loader.pin_memory),
         "persistent_workers": bool(getattr(loader, "persistent_workers", False)),
         "prefetch_factor": getattr(loader, "prefetch_factor", None), "batch_size": loader.batch_size,
-        "dataset": type(loader.dataset).__name__,
+        "dataset": type(loader.dataset).__name__, "training": training,
     }
 
 
@@ -374,12 +374,21 @@ class Instrumentation:
 
         def __iter__(loader: Any) -> Any:
             try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"
-                self.loaders[id(loader)] = loader_settings(loader)
+                settings = loader_settings(loader, self._iterating_for_training())
+                self.loaders.pop(id(loader), None)  # the newest last: a validation loader's epoch is not the last
+                self.loaders[id(loader)] = settings  # training loader's
             except Exception as exc:  # noqa: BLE001
                 self._on_error("loader", exc)
             return timed(loader) if bounds.train_thread == get_ident() else orig(loader)
 
         return __iter__
+
+    def _iterating_for_training(self) -> bool:
+        """A loader's epoch begins for training: not under no_grad or inference_mode, and no model found so far
+        in eval mode (an evaluation loop sets both, Lightning's and Hugging Face's among them)."""
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return False
+        return all(root.training for root in self.roots)
 
     def _patch_backward(self) -> None:
         bounds = self.bounds

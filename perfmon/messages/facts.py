@@ -69,11 +69,22 @@ class LoaderSettings:
     prefetch_factor: int | None = None
     batch_size: int | None = None
     dataset: str | None = None  # the dataset's class name
+    # its epoch began with grad enabled and every model in train mode: the loader the steps fetch from, not an
+    # evaluation's (None: not known, a recording from before perfmon said so)
+    training: bool | None = None
     given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
 
 CONVERT["tuple[OptimizerFlags, ...]"] = lambda v: records(OptimizerFlags, v)
 CONVERT["tuple[LoaderSettings, ...]"] = lambda v: records(LoaderSettings, v)
+
+
+def training_loader(loaders: tuple[LoaderSettings, ...]) -> LoaderSettings | None:
+    """The loader the training steps fetch from: the newest not iterated for an evaluation, else the newest."""
+    for loader in reversed(loaders):
+        if loader.training is not False:
+            return loader
+    return loaders[-1] if loaders else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

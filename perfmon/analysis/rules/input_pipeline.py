@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
-from perfmon.messages import LoaderSettings, as_sent
+from perfmon.messages import LoaderSettings, as_sent, training_loader
 
 
 def _loader(f: Facts) -> LoaderSettings | None:
-    loaders = f.model.loaders
-    return loaders[-1] if loaders else None
+    return training_loader(f.model.loaders)
 
 
 @rule("input-bound", "data share of step > 10% warn, > 20% critical (torch-tb-profiler's DataLoader rule, TraceML); "

@@ -79,7 +79,7 @@ class ModelInfo:
                     number(m.static_bytes)),
             roots=m.roots,
             optimizers=tuple(_opt(m.optimizer_flags, o) for o in m.optimizers),
-            loader=_loader(m.loaders[-1]) if m.loaders else "",
+            loader=_loader(loader) if (loader := messages.training_loader(m.loaders)) else "",
             budget=b, flops=f, has_model=m.params is not None, margin_warn=1.0 - memory_pressure,
         )
 
