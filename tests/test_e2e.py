@@ -1062,10 +1062,47 @@ def on_term(sig, frame):
 """)
 
 
-@pytest.mark.parametrize("script", [PREEMPTIBLE, PREEMPTIBLE_CHAINING], ids=["own", "chaining"])
+#: The same, fetching from a DataLoader's worker processes: a SIGTERM that reached them too (a signal to the job's
+#: process group) killed them, and the script died of "DataLoader worker (pid N) is killed by signal: Terminated".
+PREEMPTIBLE_WORKERS = """
+import signal, sys, time
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+stop = False
+def on_term(sig, frame):
+    global stop
+    stop = True
+def on_usr1(sig, frame):
+    print("preemption notice", flush=True)
+    open("usr1", "w").close()
+signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGUSR1, on_usr1)
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+steps = 0
+for x, y in DataLoader(TensorDataset(torch.randn(100000, 8), torch.randn(100000, 1)), batch_size=4, num_workers=2):
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    steps += 1
+    if steps == 3:
+        open("ready", "w").close()
+    time.sleep(0.05)
+    if stop:
+        break
+torch.save(model.state_dict(), "ckpt.pt")
+print(f"checkpoint saved after {steps} steps", flush=True)
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("script", [PREEMPTIBLE, PREEMPTIBLE_CHAINING, PREEMPTIBLE_WORKERS],
+                         ids=["own", "chaining", "loader_workers"])
 def test_sigterm_and_sigusr1_to_perfmon_reach_the_scripts_own_handlers(background, env, tmp_path, script):
     """`kill PID`, `timeout`, `docker stop` or a scheduler signal perfmon, not the job: SIGTERM and SIGUSR1 go on to
-    the job as they are, so its handlers run as under plain python (a checkpoint, exit 0), never a KeyboardInterrupt."""
+    the job's process as they are (not to its children), so its handlers run as under plain python (a checkpoint,
+    exit 0), never a KeyboardInterrupt."""
     assert "previous(sig, frame)" in PREEMPTIBLE_CHAINING
     (tmp_path / "preempt.py").write_text(script)
     run = tmp_path / "run"

@@ -298,8 +298,13 @@ class TrainingProcess:
 
     def forward(self, sig: int) -> None:
         """Pass on a signal that perfmon got (one of :data:`FORWARDED`), as it is: what it would have done to the
-        script run by plain python, the script's own handler included. perfmon never escalates it."""
-        self._signal(sig)
+        script run by plain python, the script's own handler included. perfmon never escalates it. To the job's
+        process only, as ``kill PID`` is: its DataLoader workers (or a launcher's ranks) die of a SIGTERM that
+        reaches them, and the script with them, where its handler would have saved and exited 0."""
+        try:
+            os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def _signal(self, sig: int) -> None:
         try:
