@@ -463,3 +463,16 @@ def test_a_run_dir_used_again_forgets_an_earlier_launchers_status(tmp_path):
                           str(tmp_path / "quick.py")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "hi" in res.stdout, res.stderr
     assert not (run / paths.LAUNCHER_EXIT).exists()
+
+
+@pytest.mark.parametrize("allocated, rss, shown", [
+    (2**30, 3 * 2**30, "1.00G"),  # a GPU: the allocator's peak
+    (None, 2**29, "0.50G"),  # CPU ranks: their RSS, as the dashboard's ranks view shows
+    (None, None, "n/a"),
+])
+def test_the_headless_rank_table_shows_rss_where_there_is_no_cuda_memory(allocated, rss, shown):
+    from perfmon.analysis.job_report import rank_table
+
+    row = RankRow(rank=0, node=0, host="h", steps=10, step_ms=5.0, allocated_bytes=allocated, rss_bytes=rss)
+    line = rank_table([row])[1]
+    assert line.split()[-2:] == [shown, "running"]

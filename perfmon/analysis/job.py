@@ -116,6 +116,11 @@ class RankRow:
     steps_per_s: float | None = None  # over the recent steps
     samples_per_s: float | None = None
 
+    @property
+    def memory_bytes(self) -> float | None:
+        """The rank's memory in the tables: CUDA peak allocated where there is a GPU, else its RSS."""
+        return self.allocated_bytes or self.rss_bytes or None
+
 
 def steady_steps(state: RunState, warmup: int = 30, min_steps: int = 20) -> list[Step]:
     """The rank's recent steps past warm-up and outside windows; a short run keeps all but its first two."""

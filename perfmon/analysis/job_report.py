@@ -107,7 +107,7 @@ def rank_table(rows: list[RankRow]) -> list[str]:
         f" {PHASE_SHORT[p]:>7}" for p in ALL_PHASES) + f" {'mem':>9}  status"
     lines = [head]
     for r in rows:
-        mem = f"{r.allocated_bytes / 2**30:.2f}G" if r.allocated_bytes else "n/a"
+        mem = f"{r.memory_bytes / 2**30:.2f}G" if r.memory_bytes else "n/a"
         mark = " <- slowest" if slow is not None and r.rank == slow.rank else ""
         node = "?" if r.node is None else str(r.node)
         lines.append(f"  {r.rank:>4} {node:>4} {r.steps:>7} {_fmt_ms(r.step_ms):>9}" + "".join(

@@ -48,10 +48,8 @@ class RanksInfo:
 
 
 def _mem(row: RankRow) -> str:
-    """The rank's memory: CUDA peak allocated where there is a GPU, else its RSS."""
-    if row.allocated_bytes:
-        return fmt.nbytes(row.allocated_bytes, short=True)
-    return fmt.nbytes(row.rss_bytes, short=True) if row.rss_bytes else fmt.NA
+    mem = row.memory_bytes
+    return fmt.nbytes(mem, short=True) if mem else fmt.NA
 
 
 class RanksView:
