@@ -18,6 +18,7 @@ from perfmon.monitor.sources import ReplaySource
 from perfmon.tui.app import PerfmonApp
 
 CLOCK = START + 150.0
+RUNNING_CLOCK = START + 123.0  # just after the running recording's last step: the job is not quiet
 NO_RULES = Config(min_steps=10**9)
 
 
@@ -31,7 +32,7 @@ def finished_app(tmp_path: Path, exit: str = "ok", **kw: Any) -> PerfmonApp:
 def running_app(tmp_path: Path, **kw: Any) -> PerfmonApp:
     run_dir = write_recording(tmp_path / "run", exit=None, **kw)
     app = PerfmonApp(RunState(), attached_without_socket(run_dir), run_dir, rules=NO_RULES)
-    app.clock = lambda: CLOCK
+    app.clock = lambda: RUNNING_CLOCK
     return app
 
 

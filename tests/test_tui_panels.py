@@ -729,3 +729,20 @@ def test_host_view_shows_a_cpu_limit_and_torch_threads_only_when_known() -> None
     assert "of 32 CPUs (8 usable) · load" in limited and "threads 40 · torch 32" in limited
     plain = text(usable_cpus=32.0)  # the whole host, torch not imported yet
     assert "of 32 CPUs · load" in plain and "torch" not in plain
+
+
+@pytest.mark.parametrize("gap, shown", [
+    (0.8, "10.0"),  # the agent's tick: rows come a second late, the job is not quiet
+    (4.0, "10.0"),
+    (12.0, f"{fmt.DASH} (no step for 0:00:12)"),  # steps/s would have stayed at the last second's 10.0
+])
+def test_the_header_says_when_the_job_has_gone_quiet_instead_of_its_last_rate(gap, shown):
+    from perfmon.tui.widgets.header import HeaderInfo
+
+    st = RunState()
+    st.apply(protocol.message("hello", seq=1, script="x", start=1000.0))
+    rows = [[i, 1000.0 + i / 10, 100.0, 0, 50.0, 40.0, 10.0, 0, None] for i in range(1, 51)]
+    st.apply(protocol.message("steps", fields=list(protocol.STEP_FIELDS), seq=2, rows=rows))
+    assert HeaderInfo.from_state(st, now=1005.0 + gap).steps_s == shown
+    st.apply(protocol.message("event", seq=3, kind="exit", code=0, t=1005.0))
+    assert HeaderInfo.from_state(st, now=1005.0 + gap).steps_s == "10.0"  # over: its rate stands

@@ -127,6 +127,21 @@ def steps_per_s(store: Store, recent: bool = True) -> float | None:
     return store.steps_folded / span if span > 0 else None
 
 
+#: A running job is quiet (an evaluation, a checkpoint, a hang) once its last step ended this long ago and more than
+#: two of its recent steps' time ago: past what the agent's 1 s tick and the job's own pace explain.
+QUIET_MIN_S = 5.0
+
+
+def quiet_for(store: Store, now: float) -> float | None:
+    """Seconds since the last step ended, when the job has gone quiet (:data:`QUIET_MIN_S`); else None."""
+    if store.exit is not None or store.last_end is None:
+        return None
+    gap = now - store.last_end
+    rate = steps_per_s(store)
+    period = max(1.0 / rate if rate else 0.0, max((s.dur for s in store.recent), default=0.0) / 1000.0)
+    return gap if gap > max(QUIET_MIN_S, 2 * period) else None
+
+
 def samples_per_s(store: Store, recent: bool = True) -> float | None:
     if recent:
         rows = [s for s in store.recent if s.samples]

@@ -210,9 +210,8 @@ def status_line(state: RunState, now: float | None = None) -> str:
     """One line for headless logs (every ``--interval`` seconds)."""
     stats = state.phase_stats(recent=True)
     now = time.time() if now is None else now
-    stalled = ""
-    if state.exit is None and state.last_end is not None and now - state.last_end > 30:
-        stalled = f" | no step for {format_duration(now - state.last_end)}"
+    quiet = state.quiet_for(now)
+    stalled = f" | no step for {format_duration(quiet)}" if quiet is not None else ""
     shares = " ".join(
         f"{PHASE_SHORT[p]} {(stats[p].share or 0.0) * 100:.0f}%" for p in ALL_PHASES if stats[p].share is not None
     )

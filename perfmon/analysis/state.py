@@ -43,6 +43,9 @@ class RunState(Store):
     def steps_per_s(self, recent: bool = True) -> float | None:
         return metrics.steps_per_s(self, recent)
 
+    def quiet_for(self, now: float) -> float | None:
+        return metrics.quiet_for(self, now)
+
     def samples_per_s(self, recent: bool = True) -> float | None:
         return metrics.samples_per_s(self, recent)
 

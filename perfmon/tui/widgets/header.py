@@ -117,7 +117,9 @@ class HeaderInfo:
             status, kind = "stream ended, no exit recorded", "ended"
         if state.exit is None and stream_ended and state.last_end is not None:
             now = state.last_end  # a finished stream without exit: stop the clock at the last step
-        elapsed = state.elapsed(now if now is not None else time.time())
+        now = now if now is not None else time.time()
+        elapsed = state.elapsed(now)
+        quiet = state.quiet_for(now)
         cuda = meta.cuda
         known_gpus = meta.gpus or state.gpus
         cpu_only = cuda is False or (cuda is not True and not known_gpus and meta.gpus_probed)
@@ -140,7 +142,8 @@ class HeaderInfo:
             kind=kind,
             elapsed=fmt.duration(elapsed),
             step=fmt.count(state.steps),
-            steps_s=fmt.rate(state.steps_per_s()),
+            # the recent rate is the rate of steps that are over: a job gone quiet has none
+            steps_s=fmt.rate(state.steps_per_s()) if quiet is None else f"{fmt.DASH} (no step for {fmt.duration(quiet)})",
             samples_s=fmt.rate(state.samples_per_s()),
             device=device,
             cpu_only=cpu_only,
