@@ -330,6 +330,19 @@ def test_hysteresis_appears_after_hold_and_clears_after_clear():
     assert "input-bound" not in [f.id for f in engine.active]
 
 
+def test_the_engine_is_settled_once_a_holding_finding_would_have_shown():
+    """Until ``hold`` evaluations with enough steps have run, an empty list is no answer yet ("no findings yet"),
+    not "nothing is wrong": a finding that holds from the start shows only at the hold-th."""
+    engine = Engine(Config(hold=3))
+    engine.update(make_state(n=15, data=5))  # too few steps: not an evaluation
+    bad = make_state(data=5)
+    settled = []
+    for _ in range(3):
+        settled.append(engine.settled)
+        engine.update(bad)
+    assert settled == [False, False, False] and engine.settled and engine.active
+
+
 def test_config_from_toml(tmp_path):
     path = tmp_path / "rules.toml"
     path.write_text('disabled = ["priority"]\n[thresholds]\ndata-warn = 0.5\n')

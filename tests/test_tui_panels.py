@@ -426,7 +426,8 @@ async def test_no_findings_no_badge(tmp_path: Path) -> None:
         await loaded(pilot)
         assert app.findings.rows == () and "▲" not in screen_text(app)
         await pilot.press("5")
-        assert "no findings yet: the rules need a few steps past warm-up" in screen_text(app)
+        # the recording is over: no more steps will come for the rules to judge
+        assert "no findings: the run had too few steps past warm-up for the rules" in screen_text(app)
 
 
 async def test_rules_config(tmp_path: Path) -> None:
@@ -746,3 +747,15 @@ def test_the_header_says_when_the_job_has_gone_quiet_instead_of_its_last_rate(ga
     assert HeaderInfo.from_state(st, now=1005.0 + gap).steps_s == shown
     st.apply(protocol.message("event", seq=3, kind="exit", code=0, t=1005.0))
     assert HeaderInfo.from_state(st, now=1005.0 + gap).steps_s == "10.0"  # over: its rate stands
+
+
+@pytest.mark.parametrize("evaluated, ended, words", [
+    (False, False, "no findings yet: the rules need a few steps past warm-up"),
+    (True, False, "no findings: nothing the rules can name is holding this run back"),
+    (True, True, "no findings: nothing the rules can name is holding this run back"),
+    (False, True, "no findings: the run had too few steps past warm-up for the rules that judge steps"),
+])
+def test_an_empty_findings_list_says_why(evaluated, ended, words):
+    from perfmon.tui.widgets.findings import FindingsInfo
+
+    assert FindingsInfo.from_findings([], evaluated, ended=ended).empty_words == words

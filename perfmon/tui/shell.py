@@ -306,11 +306,13 @@ class DashboardShell(App[None]):
             else:
                 self.engine.update(self.state)
                 active = self.engine.active
-            evaluated = self.state.steps >= cfg.warmup_steps + cfg.min_steps
+            # live, a finding shows once it has held for a few evaluations: until then "none" is no answer yet
+            evaluated = (self.state.steps >= cfg.warmup_steps + cfg.min_steps
+                         and (self.stream_ended or self.engine.settled))
             if self.job is not None:  # the findings across ranks (a straggler) come first in every rank's list
                 across = evaluate_job(rank_rows(self.job, cfg.warmup_steps, cfg.min_steps), cfg)
                 active = sorted([*across, *active], key=lambda f: f.rank, reverse=True)
-        findings = FindingsInfo.from_findings(active, evaluated)
+        findings = FindingsInfo.from_findings(active, evaluated, ended=self.stream_ended)
         if findings == self.findings:
             return
         self.findings = findings

@@ -53,12 +53,19 @@ class Engine:
     def __init__(self, cfg: Config | None = None) -> None:
         self.cfg = cfg or Config()
         self._tracks: dict[str, _Track] = {}
+        self.evaluations = 0  # updates with enough steps to run the rules
+
+    @property
+    def settled(self) -> bool:
+        """Evaluated often enough (``hold``) that a finding that holds would show: "no findings" is an answer."""
+        return self.evaluations >= self.cfg.hold
 
     def update(self, state: Store) -> list[Finding]:
         """Evaluate once; returns the findings that just became active."""
         facts = Facts.from_state(state, self.cfg)
         if len(facts.steps) < self.cfg.min_steps:
             return []
+        self.evaluations += 1
         holding = _run_all(facts, self.cfg)
         new = []
         for rule_id in set(holding) | set(self._tracks):

@@ -26,6 +26,7 @@ from perfmon.tui.widgets.styled import StyledWidget
 MARKS = {"critical": "▲", "warn": "▲", "info": "●"}
 WAITING = "no findings yet: the rules need a few steps past warm-up"
 NONE = "no findings: nothing the rules can name is holding this run back"
+TOO_SHORT = "no findings: the run had too few steps past warm-up for the rules that judge steps"
 
 
 def evidence_value(key: str, value: Any) -> str:
@@ -70,9 +71,17 @@ class FindingsInfo:
 
     rows: tuple[FindingRow, ...]  # worst first
     evaluated: bool  # the rules have had enough steps to say anything
+    ended: bool = False  # the run is over: no more steps will come
+
+    @property
+    def empty_words(self) -> str:
+        """What an empty list says."""
+        if self.evaluated:
+            return NONE
+        return TOO_SHORT if self.ended else WAITING
 
     @classmethod
-    def from_findings(cls, findings: Iterable[Any], evaluated: bool = True) -> FindingsInfo:
+    def from_findings(cls, findings: Iterable[Any], evaluated: bool = True, ended: bool = False) -> FindingsInfo:
         """From :class:`perfmon.analysis.rules.Finding` objects (already sorted, worst first)."""
         rows = tuple(
             FindingRow(
@@ -82,7 +91,7 @@ class FindingsInfo:
             )
             for f in findings
         )
-        return cls(rows, evaluated or bool(rows))
+        return cls(rows, evaluated or bool(rows), ended)
 
     @property
     def worst(self) -> FindingRow | None:
@@ -171,7 +180,7 @@ class FindingsPanel(Vertical):
     def watch_info(self, info: FindingsInfo | None) -> None:
         rows = info.rows if info else ()
         empty = self.query_one("#findings-empty", Static)
-        words = WAITING if info is None or not info.evaluated else NONE
+        words = WAITING if info is None else info.empty_words
         if words != self._empty_words:  # an update lays the screen out again: only on change
             self._empty_words = words
             empty.update(words)
@@ -210,7 +219,7 @@ class FindingsSummaryView:
         st, info, width = self.styles, self.info, options.max_width
         rows = info.rows if info else ()
         if not rows:
-            lines = [Text(WAITING if info is None or not info.evaluated else NONE, st["muted"])]
+            lines = [Text(WAITING if info is None else info.empty_words, st["muted"])]
         else:
             shown = rows if len(rows) <= self.height else rows[: max(0, self.height - 1)]
             lines = [headline(r, st) for r in shown]
