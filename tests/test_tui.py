@@ -562,3 +562,31 @@ async def test_output_follows_its_tail_when_long_lines_bring_a_horizontal_scroll
         panel.add_lines(["more"] * 5)
         await pilot.pause()
         assert log.max_scroll_y - log.scroll_y == 25
+
+
+TORCH_RAISED = (
+    "Traceback (most recent call last):\n"
+    '  File "/home/ada/proj/crash.py", line 12, in <module>\n'
+    "    loss = model(x).sum()\n"
+    '  File "/home/ada/proj/crash.py", line 7, in forward\n'
+    "    return self.fc(x)\n"
+    '  File "/home/ada/.venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1779, in _wrapped_call_impl\n'
+    "    return self._call_impl(*args, **kwargs)\n"
+    '  File "/home/ada/.venv/lib/python3.11/site-packages/torch/nn/modules/linear.py", line 134, in forward\n'
+    "    return F.linear(input, self.weight, self.bias)\n"
+    "RuntimeError: mat1 and mat2 shapes cannot be multiplied (32x65 and 64x256)\n"
+)
+
+
+@pytest.mark.parametrize("traceback, where", [
+    (None, None),
+    ("ValueError: no frames\n", None),
+    (TRACEBACK, "train.py:37 in main"),
+    (TORCH_RAISED, "crash.py:7 in forward"),  # the script's line, not torch's linear.py
+    (TORCH_RAISED.replace("/home/ada/.venv/lib/python3.11/site-packages", "/usr/lib/python3/dist-packages"),
+     "crash.py:7 in forward"),
+    ('  File "/usr/lib/python3.11/json/decoder.py", line 355, in raw_decode\n'
+     '  File "<frozen runpy>", line 88, in _run_code\n', "<frozen runpy>:88 in _run_code"),  # no own frame
+])
+def test_the_failure_banner_points_at_the_scripts_own_line(traceback, where):
+    assert last_frame(traceback) == where

@@ -15,6 +15,8 @@ from perfmon.tail import OUTPUT_LINES as MAX_LINES
 
 _ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
+#: A frame of an installed library or of Python itself, not of the user's code.
+_LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d+(\.\d+)?[/\\]|^<")
 
 
 def clean_line(line: str) -> str:
@@ -24,13 +26,14 @@ def clean_line(line: str) -> str:
 
 
 def last_frame(traceback: str | None) -> str | None:
-    """``script.py:42 in step`` for the innermost frame of a Python traceback."""
-    for line in reversed((traceback or "").splitlines()):
-        match = _FRAME.match(line)
-        if match:
-            path, lineno, func = match.groups()
-            return f"{path.rsplit('/', 1)[-1]}:{lineno} in {func}"
-    return None
+    """``script.py:42 in step`` for the innermost frame of a Python traceback in the user's own code (a
+    RuntimeError raised in torch's linear.py is the script's line that called the model), else the innermost."""
+    frames = [m.groups() for line in (traceback or "").splitlines() if (m := _FRAME.match(line))]
+    if not frames:
+        return None
+    own = [f for f in frames if not _LIBRARY.search(f[0])]
+    path, lineno, func = (own or frames)[-1]
+    return f"{path.rsplit('/', 1)[-1]}:{lineno} in {func}"
 
 
 class LogPanel(Vertical):
