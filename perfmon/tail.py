@@ -71,6 +71,11 @@ class Tail:
             self._partial = b""
         return complete
 
+    @property
+    def partial(self) -> bytes:
+        """The unterminated last line so far, kept for the read that brings its end (a progress bar's ``\r``)."""
+        return self._partial
+
     def flush(self) -> bytes:
         """The partial last line so far (``b""`` if none), given up: the writer is done."""
         rest, self._partial = self._partial, b""
@@ -94,6 +99,11 @@ class OutputTail:
     def read(self) -> list[str]:
         """New complete lines since the last call (at most OUTPUT_LINES: a log panel keeps no more)."""
         return [line.decode("utf-8", "replace") for line in self.tail.lines()[-OUTPUT_LINES:]]
+
+    def partial(self) -> str:
+        """The line being written (no newline yet): a tqdm bar redrawn with ``\r`` lives there for a whole epoch.
+        Only its last 4 KiB: a bar's last redraw is at its end."""
+        return self.tail.partial[-4096:].decode("utf-8", "replace")
 
     def flush(self) -> list[str]:
         """The unterminated last line, if any."""

@@ -163,6 +163,25 @@ async def test_log_follows_growing_output(tmp_path: Path) -> None:
         await wait_until(pilot, lambda: "half a li" in log.lines)  # flushed once the job is over
 
 
+async def test_a_progress_bar_redrawn_on_one_line_shows_before_its_line_ends(tmp_path: Path) -> None:
+    """tqdm redraws its bar with \\r on stderr and ends the line only when the epoch ends: the panel shows the bar's
+    latest redraw under the log meanwhile, and the finished bar joins the log."""
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        panel = app.query_one(LogPanel)
+        bar = panel.query_one("#progress")
+        with open(app.run_dir / "stderr.log", "a") as f:
+            f.write("epoch 3:  10%|#         | 14/141\repoch 3:  50%|#####     | 70/141")
+        await wait_until(pilot, lambda: panel.has_class("-progress"))
+        assert "epoch 3:  50%|#####     | 70/141" in screen_text(app) and "14/141" not in screen_text(app)
+        assert not any("70/141" in line for line in panel.log_widget.lines)
+        with open(app.run_dir / "stderr.log", "a") as f:
+            f.write("\repoch 3: 100%|##########| 141/141\n")
+        await wait_until(pilot, lambda: "epoch 3: 100%|##########| 141/141" in panel.log_widget.lines)
+        await wait_until(pilot, lambda: not panel.has_class("-progress") and not bar.display)
+
+
 async def test_failed_run_shows_exception(tmp_path: Path) -> None:
     app = make_app(tmp_path, exit="failed")
     async with app.run_test(size=(120, 40)) as pilot:

@@ -742,9 +742,10 @@ def test_the_header_says_when_the_job_has_gone_quiet_instead_of_its_last_rate(ga
 
     st = RunState()
     st.apply(protocol.message("hello", seq=1, script="x", start=1000.0))
-    rows = [[i, 1000.0 + i / 10, 100.0, 0, 50.0, 40.0, 10.0, 0, None] for i in range(1, 51)]
+    rows = [[i, 1000.0 + i / 10, 100.0, 0, 50.0, 40.0, 10.0, 0, 32] for i in range(1, 51)]
     st.apply(protocol.message("steps", fields=list(protocol.STEP_FIELDS), seq=2, rows=rows))
-    assert HeaderInfo.from_state(st, now=1005.0 + gap).steps_s == shown
+    header = HeaderInfo.from_state(st, now=1005.0 + gap)
+    assert header.steps_s == shown and header.samples_s == (fmt.DASH if "no step" in shown else "320")
     st.apply(protocol.message("event", seq=3, kind="exit", code=0, t=1005.0))
     assert HeaderInfo.from_state(st, now=1005.0 + gap).steps_s == "10.0"  # over: its rate stands
 

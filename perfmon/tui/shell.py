@@ -350,7 +350,9 @@ class DashboardShell(App[None]):
 
     @while_composed
     def on_output_lines(self, message: workers.OutputLines) -> None:
-        self.query_one(LogPanel).add_lines(message.lines)
+        log = self.query_one(LogPanel)
+        log.add_lines(message.lines)
+        log.progress = message.partial
 
     # -- workers ----------------------------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="source")

@@ -51,9 +51,10 @@ class ProcessExited(Message):
 class OutputLines(Message):
     """Complete new lines of the script's output (``RUN/output.log``, ``RUN/stderr.log``)."""
 
-    def __init__(self, lines: list[str]) -> None:
+    def __init__(self, lines: list[str], partial: str = "") -> None:
         super().__init__()
         self.lines = lines
+        self.partial = partial  # the line being written (a progress bar's), "" if none
 
 
 class TrainingProcessLike(Protocol):
@@ -118,16 +119,19 @@ def tail_output(run_dir: Callable[[], Any], post: Post, stop: threading.Event,
             return
     pending: list[str] = []
     last_post = 0.0
+    shown = ""  # the partial line the panel shows
     while True:
         ended = job_over.is_set()  # before the read: what the job wrote before it ended is in this one
         lines = [line for tail in tails for line in tail.read()]
         pending.extend(lines)
         if ended and not lines:
             pending.extend(line for tail in tails for line in tail.flush())
+        # a progress bar (tqdm writes to stderr) redraws one line with \r until the epoch ends it
+        partial = next((p for p in (tail.partial() for tail in reversed(tails)) if p), "")
         now = time.monotonic()
-        if pending and (ended or now - last_post >= OUTPUT_S):
-            post(OutputLines(pending[-OUTPUT_LINES:]))
-            pending, last_post = [], now
+        if (pending or partial != shown) and (ended or now - last_post >= OUTPUT_S):
+            post(OutputLines(pending[-OUTPUT_LINES:], partial))
+            pending, last_post, shown = [], now, partial
         if ended and not lines:
             return
         if stop.wait(POLL_S):

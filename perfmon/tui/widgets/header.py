@@ -144,7 +144,7 @@ class HeaderInfo:
             step=fmt.count(state.steps),
             # the recent rate is the rate of steps that are over: a job gone quiet has none
             steps_s=fmt.rate(state.steps_per_s()) if quiet is None else f"{fmt.DASH} (no step for {fmt.duration(quiet)})",
-            samples_s=fmt.rate(state.samples_per_s()),
+            samples_s=fmt.rate(state.samples_per_s()) if quiet is None else fmt.DASH,
             device=device,
             cpu_only=cpu_only,
             details=details,

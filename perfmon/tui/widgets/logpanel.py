@@ -42,10 +42,17 @@ class LogPanel(Vertical):
     exception: reactive[str | None] = reactive(None, init=False)
     where: reactive[str | None] = reactive(None, init=False)
     hint: reactive[str | None] = reactive(None, init=False)
+    progress: reactive[str] = reactive("", init=False)  # the line being written: a tqdm bar, until its newline
 
     def compose(self) -> ComposeResult:
         yield Static(id="exception")
         yield Log(max_lines=MAX_LINES, id="output")
+        yield Static(id="progress", markup=False)
+
+    def watch_progress(self, progress: str) -> None:
+        shown = clean_line(progress)
+        self.query_one("#progress", Static).update(shown)
+        self.set_class(bool(shown.strip()), "-progress")
 
     def on_mount(self) -> None:
         self.border_title = "output"
