@@ -512,6 +512,7 @@ async def test_c_on_cpu_run_shows_the_agents_answer(tmp_path: Path) -> None:
         source.reply("empty_cache", 1, ok=True, done=True, message="no CUDA device: nothing to free")
         await wait_until(pilot, lambda: ("no CUDA device: nothing to free", "information") in toasts(app))
         await wait_until(pilot, lambda: "no CUDA device: nothing to free" in screen_text(app))
+        assert [n.title for n in app._notifications] == ["free CUDA cache"]  # the key's words, not the wire id
 
 
 async def test_command_keys_names_ids_and_failures(tmp_path: Path) -> None:

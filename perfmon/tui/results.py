@@ -41,6 +41,12 @@ class ResultFeed:
         return True
 
 
+#: A command result's toast title, in the words of the key's help (the wire names are ids).
+TITLES = {"profile": "profiler window", "empty_cache": "free CUDA cache", "count_flops": "FLOP count",
+          "memory_snapshot": "memory snapshot", "export": "export of top ops", "stop": "stop",
+          "log_metrics": "metrics logging"}
+
+
 def toast(app: App[Any], result: CommandResult) -> None:
     """One command result as a toast; an error when the command failed.
 
@@ -54,7 +60,8 @@ def toast(app: App[Any], result: CommandResult) -> None:
         return
     timeout = 2.5 if name == "profile" and ok else 5.0 if result.done is False else 8.0
     # the agent's words are text, not markup: "[Errno 28] No space left" must read as it came
-    app.notify(text, title=name, severity="information" if ok else "error", timeout=timeout, markup=False)
+    app.notify(text, title=TITLES.get(name, name), severity="information" if ok else "error", timeout=timeout,
+               markup=False)
 
 
 #: A recording replayed or attached late may hold many warnings: the newest few are toasted, all are in the log.
