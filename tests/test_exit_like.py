@@ -55,3 +55,4 @@ def test_perfmon_dies_of_the_signal_even_where_it_handled_it():
             "exit_like(DiedOf(signal.SIGTERM))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert res.returncode == -signal.SIGTERM and "handler ran" not in res.stdout
+

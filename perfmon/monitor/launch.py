@@ -157,6 +157,20 @@ def check_interpreter(python: str) -> None:
         raise LaunchError(f"--python {python} cannot import perfmon: {last}")
 
 
+def plain_python(executable: str) -> str:
+    """The interpreter as one types it: ``venv/bin/python`` rather than the ``venv/bin/python3.11`` a console
+    script's shebang may name, where both are the same file (the script's ``sys.executable`` is then what it is
+    under ``python train.py``)."""
+    folder, name = os.path.split(executable)
+    plain = os.path.join(folder, "python")
+    if name == "python" or not name.startswith("python"):
+        return executable
+    try:
+        return plain if os.path.samefile(plain, executable) else executable
+    except OSError:
+        return executable
+
+
 class TrainingProcess:
     """The launched job: ``python -m perfmon.agent TARGET ARGS`` in its own session."""
 
@@ -168,7 +182,7 @@ class TrainingProcess:
         self.inherit_stdin = inherit_stdin
         self.extra_env = env or {}
         self.run_dir = run_dir
-        self.python = python or sys.executable
+        self.python = python or plain_python(sys.executable)
         self.popen: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
         self._stops = 0
