@@ -999,6 +999,30 @@ def test_ranks_the_job_starts_itself_are_said_with_what_follows_them(env, tmp_pa
     assert report(run, env)["steps"] == 4
 
 
+#: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
+#: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
+TORCH_LOOKED_UP_FIRST = """
+import importlib.util
+assert importlib.util.find_spec("torch") is not None
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(8):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+print("steps", step + 1)
+"""
+
+
+def test_a_script_that_looks_torch_up_before_importing_it_is_counted(env, tmp_path):
+    """The import hook waits for torch's real import: a lookup first left it gone, and the run had 0 steps."""
+    plain, res, run = plain_and_headless(TORCH_LOOKED_UP_FIRST, "looked_up.py", env, tmp_path)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == "steps 8\n"
+    assert report(run, env)["steps"] == 8
+
+
 def test_sigterm_to_training_process_gives_143_and_live_status(background, env, tmp_path):
     run, gate = tmp_path / "run", tmp_path / "gate"
     bg = background(["--headless", "--interval", "0.5", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",

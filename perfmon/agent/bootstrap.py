@@ -170,31 +170,39 @@ def _profile_config() -> dict[str, Any]:
 
 
 class _TorchImportHook(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps torch's loader so hooks install right after ``import torch``."""
+    """Finds nothing itself; wraps torch's loader so hooks install right after ``import torch``.
+
+    It stays on ``sys.meta_path`` until torch is actually executed: ``importlib.util.find_spec("torch")`` alone
+    (transformers' and datasets' ``is_torch_available``, run by ``import datasets`` before ``import torch``) finds
+    a spec that is never loaded, and a hook that left at the first lookup never saw the real import (0 steps)."""
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self.installed = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name != "torch":
+        if name != "torch" or self.installed:
             return None
-        sys.meta_path.remove(self)
         spec = None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
-            if find is not None:
+            if finder is not self and find is not None:
                 spec = find(name, path, target)
                 if spec is not None:
                     break
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
-        agent = self.agent
         original = loader.exec_module
 
         def exec_module(module: Any) -> None:
             original(module)
-            install_hooks(agent)
+            if self.installed:
+                return
+            self.installed = True
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            install_hooks(self.agent)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
