@@ -433,6 +433,23 @@ def test_a_compiled_model_compiles_once_as_under_plain_python(env, tmp_path, com
         assert rep["phases"]["forward"]["mean_ms"] > 0
 
 
+def test_count_flops_leaves_a_compiled_model_alone_and_says_why(env, tmp_path):
+    """FlopCounterMode (a dispatch mode with global module hooks) made dynamo run the counted step eagerly: torch
+    warned into the script's stderr, and a model with dropout drew other masks and trained differently from then
+    on. perfmon leaves compiled code uncounted and says so instead."""
+    script = tmp_path / "compiled_model.py"
+    script.write_text(COMPILED_MODEL_NO_RECOMPILE_SCRIPT)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env,
+                           cwd=tmp_path)
+    run = tmp_path / "run"
+    res = perfmon(["--headless", "--count-flops", "--run-dir", str(run), str(script)], env, cwd=tmp_path)
+    assert plain.returncode == res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout == plain.stdout
+    assert "global hooks" not in res.stderr and "FLOPs not counted: the script runs torch.compile'd code" in res.stderr
+    rep = report(run, env)
+    assert rep["steps"] == 12 and rep["flops_per_step"] is None
+
+
 COMPILED_OPTIMIZER_SCRIPT = """
 import torch
 from torch import nn

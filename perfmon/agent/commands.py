@@ -26,6 +26,9 @@ Answer = Callable[[dict[str, Any]], None]
 FLOPS_WAIT_STEPS = 20
 FLOPS_BESIDE_MODE = ("count_flops: the script keeps a torch dispatch mode of its own on across step ends (its own "
                      "FlopCounterMode, say); perfmon does not stack its FLOP counter on it")
+FLOPS_COMPILED = ("FLOPs not counted: the script runs torch.compile'd code, and the counter (a dispatch mode) makes "
+                  "dynamo run that step eagerly: its random draws (dropout) and so its results would differ from "
+                  "plain python's. Count them in a run without torch.compile: the model's FLOPs are the same")
 #: Traces of periodic windows kept on disk (--profile-keep; 0: all).
 DEFAULT_PROFILE_KEEP = 20
 SCRIPT_PROFILING = ("the script runs its own torch.profiler: perfmon's profiler windows wait while it records "
@@ -382,6 +385,10 @@ class Commands(CommandFields):
             self._at_next_step_end("count_flops", command, answer)
             return
         self._flops_waited = 0
+        inst = self.agent.instrumentation
+        if inst is not None and inst.runs_compiled():
+            answer({"ok": False, "done": True, "message": FLOPS_COMPILED})
+            return
         mode = FlopCounterMode(display=False)
         self._window_event("started", "flops")
         mode.__enter__()

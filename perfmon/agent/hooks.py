@@ -156,6 +156,7 @@ class Instrumentation:
         self._root_params: set[int] = set()  # ids of the roots' parameters, as last counted
         self._said: set[str] = set()  # what the once-a-process warnings have said
         self._root_refs: dict[int, weakref.ref[torch.nn.Module]] = {}
+        self.compiled = False  # torch.compile was called: a FLOP count would run a compiled step eagerly
         self._roots: list[weakref.ref[torch.nn.Module]] = []
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._optimizer_ids: set[int] = set()  # ids of ``optimizers``: the step hook's cheap "seen it" test
@@ -806,6 +807,7 @@ class Instrumentation:
             def compile(*args: Any, **kwargs: Any) -> Any:
                 with self._calls_lifted():
                     result = orig(*args, **kwargs)
+                self.compiled = True
                 model = args[0] if args else kwargs.get("model")
                 try:  # compiled after discovery: the compiled module is timed as its model was
                     if isinstance(result, torch.nn.Module) and self._is_root(model):
@@ -835,6 +837,10 @@ class Instrumentation:
                 return compiled(*args, **kwargs)
 
         return run
+
+    def runs_compiled(self) -> bool:
+        """The script compiled something (``torch.compile``), or a model it trains is compiled (``model.compile()``)."""
+        return self.compiled or any(_compiled_module(root) for root in self.roots)
 
     def _is_root(self, module: Any) -> bool:
         ref = self._root_refs.get(id(module))
