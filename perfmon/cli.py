@@ -464,7 +464,7 @@ def _main(argv: list[str] | None = None) -> int:
         rest = _strip_python(args, rest)  # `perfmon python train.py`, as one types `nsys profile python train.py`
     if args.module is None and not rest:
         _run_parser().error("no script given")
-    from perfmon.monitor.launch import LaunchError, Target, TrainingProcess, check_target
+    from perfmon.monitor.launch import LaunchError, Target, TrainingProcess, check_target, same_destination
     from perfmon.paths import default_run_dir
 
     if args.module is None and rest[0] == "torchrun":
@@ -501,7 +501,8 @@ def _main(argv: list[str] | None = None) -> int:
               "status on stderr (--headless says so explicitly)", file=sys.stderr)
         args.headless = True
     try:
-        proc = TrainingProcess(target, run_dir, args.python, env, inherit_stdin=args.headless).start()
+        proc = TrainingProcess(target, run_dir, args.python, env, inherit_stdin=args.headless,
+                               combined_output=args.headless and same_destination()).start()
     except LaunchError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2

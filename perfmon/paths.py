@@ -171,6 +171,13 @@ SPAWNED_RANKS = "ranks"
 #: What a launched script writes, in its run dir: its stdout, and its stderr (each its own, as without perfmon).
 OUTPUT_LOG = "output.log"
 STDERR_LOG = "stderr.log"
+
+
+def stderr_log(run_dir: Path) -> Path:
+    """Where the script's stderr is: ``stderr.log``, or ``output.log`` where both streams went there (a headless
+    run into one terminal or ``2>&1`` log, and runs recorded before the split)."""
+    path = Path(run_dir) / STDERR_LOG
+    return path if path.exists() else Path(run_dir) / OUTPUT_LOG
 #: A multi-rank job's launcher status (torchrun's exit), in the job dir: ``{"schema": 1, "returncode": int}``. The
 #: ranks may all exit 0 from their own SIGTERM handlers while torchrun exits 1: the report reads it from here.
 LAUNCHER_EXIT = "launcher-exit.json"

@@ -1016,6 +1016,38 @@ def test_ranks_the_job_starts_itself_are_said_with_what_follows_them(env, tmp_pa
     assert report(run, env)["steps"] == 4
 
 
+INTERLEAVED_SCRIPT = """
+import sys
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(12):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    print(f"out {i}", flush=True)
+    print(f"err {i}", file=sys.stderr, flush=True)
+"""
+
+
+def test_stdout_and_stderr_into_one_log_keep_the_order_the_script_wrote_them(env, tmp_path):
+    """`perfmon --headless train.py > train.log 2>&1`: the script's two streams come out in the order written, as
+    from plain python (copied from two files by polls, they came out a poll's worth of one, then of the other)."""
+    script = tmp_path / "interleaved.py"
+    script.write_text(INTERLEAVED_SCRIPT)
+    plain = subprocess.run([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=60, env=env, cwd=tmp_path)
+    run = tmp_path / "run"
+    res = subprocess.run([*PERFMON, "--headless", "--run-dir", str(run), str(script)], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, env=env,
+                         cwd=tmp_path)
+    assert plain.returncode == res.returncode == 0, res.stdout
+    script_lines = [line for line in res.stdout.splitlines() if line.startswith(("out ", "err "))]
+    assert script_lines == plain.stdout.splitlines()
+    assert not (run / "stderr.log").exists() and "err 11" in (run / "output.log").read_text()
+    assert report(run, env)["steps"] == 12
+
+
 #: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
 #: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
 TORCH_LOOKED_UP_FIRST = """

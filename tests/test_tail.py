@@ -230,7 +230,7 @@ def test_perfmon_lines_start_below_a_line_the_script_left_open(tmp_path: Path, m
     out, err = io.BytesIO(), io.BytesIO()
     monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(buffer=out))
     monkeypatch.setattr(sys, "stderr", types.SimpleNamespace(buffer=err))
-    monkeypatch.setattr(headless, "_same_destination", lambda: False)
+    monkeypatch.setattr(headless, "same_destination", lambda: False)
     (tmp_path / "output.log").write_bytes(b"")
     (tmp_path / "stderr.log").write_bytes(b"")
     output = ScriptOutput(tmp_path)
@@ -247,7 +247,7 @@ def test_perfmon_lines_start_below_a_line_the_script_left_open(tmp_path: Path, m
     assert output.fresh_line() == ""  # stdout's open line is elsewhere: stdout is not this terminal
 
     # stdout and stderr one file (a terminal, or `2>&1`): what was written last counts
-    monkeypatch.setattr(headless, "_same_destination", lambda: True)
+    monkeypatch.setattr(headless, "same_destination", lambda: True)
     shared = ScriptOutput(tmp_path)
     shared.drain()  # stdout's "epoch 1 ", then stderr's "...done\n"
     assert shared.fresh_line() == ""

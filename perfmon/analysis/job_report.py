@@ -133,7 +133,7 @@ def format_job_summary(job: JobState, summary: dict[str, Any]) -> str:
     failed = s.get("failed_rank")
     if failed:
         lines += ["", f"  rank {failed['rank']} failed: {failed['exception'] or failed['signal'] or failed['exit_code']}",
-                  f"  its traceback: {Path(s['run_dir']) / paths.STDERR_LOG}"]
+                  f"  its traceback: {paths.stderr_log(Path(s['run_dir']))}"]
     if s["findings"]:
         lines += ["", "  findings"]
         for f in s["findings"]:

@@ -7,7 +7,6 @@ dashboard.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from perfmon.monitor.launch import (
     TrainingProcess,
     finalize_recording,
     print_summary,
+    same_destination,
     signals_to,
 )
 from perfmon.monitor.sources import ReplaySource, Source, connect
@@ -62,14 +62,15 @@ class LogTail:
 
 
 class ScriptOutput:
-    """The launched script's stdout and stderr (``RUN/output.log``, ``RUN/stderr.log``), each copied to ours."""
+    """The launched script's stdout and stderr (``RUN/output.log``, ``RUN/stderr.log``), each copied to ours; or
+    ``combined``, both in ``RUN/output.log`` (ours are one file) copied to our stdout, in the order written."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.tails = (LogTail(run_dir / paths.OUTPUT_LOG, sys.stdout.buffer),
-                      LogTail(run_dir / paths.STDERR_LOG, sys.stderr.buffer))
+    def __init__(self, run_dir: Path, combined: bool = False) -> None:
+        out = LogTail(run_dir / paths.OUTPUT_LOG, sys.stdout.buffer)
+        self.tails = (out,) if combined else (out, LogTail(run_dir / paths.STDERR_LOG, sys.stderr.buffer))
         # what perfmon's own lines (on stderr) follow: the script's stderr, or whichever of its streams wrote last
         # where stdout and stderr are one file (a terminal, `2>&1` into a log or a pipe)
-        self._beside = [self.tails[1]] + ([self.tails[0]] if _same_destination() else [])
+        self._beside = list(self.tails) if combined or same_destination() else [self.tails[1]]
         self._last = b"\n"
 
     def fresh_line(self) -> str:
@@ -119,15 +120,6 @@ def _follow_spawned(proc: TrainingProcess, state: RunState, lock: threading.Lock
     return status
 
 
-def _same_destination() -> bool:
-    """Our stdout and stderr are one file: a terminal, or both redirected to one log or pipe (`2>&1`)."""
-    try:
-        out, err = os.fstat(1), os.fstat(2)
-    except OSError:
-        return False
-    return (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
-
-
 def follow(source: Source, state: RunState, lock: threading.Lock) -> threading.Thread:
     """Fold ``source`` into ``state`` on a daemon thread."""
 
@@ -153,7 +145,7 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
     warnings = WarningFeed()
     said_wandb = False
     lock = threading.Lock()
-    tail = ScriptOutput(proc.run_dir)
+    tail = ScriptOutput(proc.run_dir, combined=proc.combined_output)
     fresh = tail.fresh_line if err is sys.stderr else str  # the script's output is copied to our own streams
     with signals_to(proc):
         source = connect(proc)

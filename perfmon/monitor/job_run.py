@@ -115,7 +115,7 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
     job = JobState()
     lock = threading.Lock()
     spawned = tail is not None
-    tail = tail or ScriptOutput(proc.run_dir)
+    tail = tail or ScriptOutput(proc.run_dir, combined=proc.combined_output)
     fresh = tail.fresh_line if err is sys.stderr else str  # the script's output is copied to our own streams
     said: set[tuple[str, Any]] = set()
     warnings = WarningFeed()
@@ -171,5 +171,5 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             if summary is not None and summary is not SUMMARY_FAILED:  # (a failure is said already)
                 print_summary(lambda: format_job_summary(job, summary), proc.run_dir, err, fresh())
             elif summary is None:
-                print(f"{fresh()}perfmon: no rank recorded anything (see {proc.run_dir / paths.STDERR_LOG})", file=err, flush=True)
+                print(f"{fresh()}perfmon: no rank recorded anything (see {paths.stderr_log(proc.run_dir)})", file=err, flush=True)
         return exit_status(returncode)

@@ -1,7 +1,8 @@
 """Starting the training process under the agent, and ending it on the user's word.
 
 The job runs in its own session (a terminal hang-up does not reach it), its stdout goes to
-``RUN/output.log`` and its stderr to ``RUN/stderr.log``; its stdin is perfmon's when headless, else /dev/null
+``RUN/output.log`` and its stderr to ``RUN/stderr.log`` (both to ``output.log``, in the order written, where
+headless perfmon's own stdout and stderr are one file: a terminal, ``> log 2>&1``); its stdin is perfmon's when headless, else /dev/null
 (the dashboard owns the terminal). The monitor is only
 a reader: if it dies, the job goes on and its recording stays complete. Signals sent to perfmon that
 would have reached the script under plain python (SIGTERM, SIGUSR1, SIGUSR2) are passed on to it.
@@ -157,6 +158,15 @@ def check_interpreter(python: str) -> None:
         raise LaunchError(f"--python {python} cannot import perfmon: {last}")
 
 
+def same_destination() -> bool:
+    """Our stdout and stderr are one file: a terminal, or both redirected to one log or pipe (`2>&1`)."""
+    try:
+        out, err = os.fstat(1), os.fstat(2)
+    except OSError:
+        return False
+    return (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino)
+
+
 def plain_python(executable: str) -> str:
     """The interpreter as one types it: ``venv/bin/python`` rather than the ``venv/bin/python3.11`` a console
     script's shebang may name, where both are the same file (the script's ``sys.executable`` is then what it is
@@ -175,8 +185,12 @@ class TrainingProcess:
     """The launched job: ``python -m perfmon.agent TARGET ARGS`` in its own session."""
 
     def __init__(self, target: Target, run_dir: Path, python: str | None = None,
-                 env: dict[str, str] | None = None, inherit_stdin: bool = False) -> None:
+                 env: dict[str, str] | None = None, inherit_stdin: bool = False,
+                 combined_output: bool = False) -> None:
         self.target = target
+        #: the job's stdout and stderr both go to RUN/output.log, in the order it wrote them (headless, where
+        #: ours are one file: two files copied by polls interleaved them by the poll, not as written)
+        self.combined_output = combined_output
         #: the job reads perfmon's stdin (headless: piped input reaches the script as under plain python); else
         #: /dev/null (the dashboard owns the terminal's keys)
         self.inherit_stdin = inherit_stdin
@@ -242,7 +256,7 @@ class TrainingProcess:
             (self.run_dir / paths.LAUNCHER_EXIT).unlink(missing_ok=True)
             log = open(self.run_dir / paths.OUTPUT_LOG, "ab")
             try:
-                errlog = open(self.run_dir / paths.STDERR_LOG, "ab")
+                errlog = log if self.combined_output else open(self.run_dir / paths.STDERR_LOG, "ab")
             except OSError:
                 log.close()
                 raise
