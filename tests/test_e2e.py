@@ -1445,6 +1445,22 @@ def test_syntax_error_is_one_status_line_and_no_step_table(env, tmp_path):
     assert "SyntaxError: '(' was never closed" in (run / "stderr.log").read_text()  # the full text stays
 
 
+@pytest.mark.parametrize("source, said", [
+    # accelerate launch, a subprocess: the training runs in processes perfmon did not start
+    ("import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'print(1)'], check=True)\n",
+     "this process never imported torch"),
+    ("import torch\nprint(torch.ones(2).sum().item())\n", "a custom loop? mark steps with perfmon.step()"),
+])
+def test_a_run_without_steps_says_what_may_be_why(env, tmp_path, source, said):
+    script = tmp_path / "nosteps.py"
+    script.write_text(source)
+    run = tmp_path / "run"
+    res = headless(run, str(script), env=env)
+    assert res.returncode == 0, res.stderr
+    assert "no training steps seen" in res.stderr and said in res.stderr
+    assert said in perfmon(["report", str(run)], env).stdout
+
+
 def test_report_accepts_the_recording_file_itself(dl_run, env):
     run, _, rep = dl_run
     assert report(run / "events.jsonl", env) == rep

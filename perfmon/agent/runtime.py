@@ -219,6 +219,12 @@ class Agent:
         if self.sampler is not None:
             self.sampler.stop()
         self._join_publisher()
+        if self.instrumentation is not None and self.meta.get("cuda") is None:  # torch came in after the last tick
+            try:
+                self.meta["cuda"] = bool(sys.modules["torch"].cuda.is_available())
+                self.publish(protocol.message("hello", **self.meta))
+            except Exception as exc:  # noqa: BLE001 - still record the exit
+                self.record_error("cuda", exc)
         try:
             if self._flush_lock.acquire(timeout=STALL_S):
                 try:

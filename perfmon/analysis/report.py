@@ -75,6 +75,19 @@ NO_STEPS = ("no training steps seen: no DataLoader fetch, module call and optimi
             "(a custom loop? mark steps with perfmon.step(); README \"What is measured, and how\")")
 
 
+#: Said instead where the job never imported torch: its training ran in processes perfmon did not start.
+NO_TORCH = ("no training steps seen: this process never imported torch. Training that a launcher runs in processes "
+            "of its own (accelerate launch, a subprocess) is not followed: run the training script itself under "
+            "perfmon (perfmon train.py; perfmon torchrun --nproc_per_node N train.py for several processes)")
+
+
+def no_steps(state: RunState) -> str:
+    """Why a run has no step, as far as the recording tells (a script that failed first says why itself)."""
+    ended = state.exit
+    clean = ended is not None and not ended.exception and not ended.signal and ended.code in (0, None)
+    return NO_TORCH if clean and state.meta.cuda is None else NO_STEPS
+
+
 def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[str, Any]:
     """The stable report JSON; see README "Report JSON". ``findings`` default: the rules over the whole state."""
     if findings is None:
@@ -236,7 +249,7 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
         + (f", {s['samples_per_s']:,.1f} samples/s)" if s["samples_per_s"] else ")"),
     ]
     if s["steps"] == 0:
-        lines += ["", f"  {NO_STEPS}"]
+        lines += ["", f"  {no_steps(state)}"]
     else:
         lines += ["", f"  {'phase':<10} {'mean ms':>10} {'p50 ms':>10} {'p95 ms':>10} {'share':>7}"]
     for p in ALL_PHASES if s["steps"] else ():

@@ -12,7 +12,7 @@ from textual.geometry import Size
 from textual.reactive import reactive
 
 from perfmon.analysis.metrics import PhaseStat, PhaseStats
-from perfmon.analysis.report import NO_STEPS
+from perfmon.analysis.report import NO_STEPS, no_steps
 from perfmon.analysis.state import RunState
 from perfmon.protocol import ALL_PHASES
 from perfmon.tui.widgets import fmt
@@ -41,6 +41,7 @@ class PhaseInfo:
     device_timed: bool = False
     notes: str = ""  # time outside steps, closure evaluations: one line under the bar when there is any
     ended: bool = False  # the job is over (with no step: say why there may be none)
+    no_steps: str = NO_STEPS  # what to say then
     since: str = "since start"  # or "since step 2": the whole-run figures leave step 1 (warm-up) out
 
     @classmethod
@@ -59,6 +60,7 @@ class PhaseInfo:
             device_timed=state.device_timed,
             notes=notes_line(state),
             ended=state.exit is not None,
+            no_steps=no_steps(state),
         )
 
     def stats(self, recent: bool = True) -> PhaseStats:
@@ -172,7 +174,7 @@ class PhasesView:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
         if self.info is None or not (self.info.total_n or self.info.notes):
-            text = NO_STEPS if self.info is not None and self.info.ended else "waiting for steps…"
+            text = self.info.no_steps if self.info is not None and self.info.ended else "waiting for steps…"
             yield Text(text, self.styles["heading"])
             return
         table = self.table_lines()
