@@ -340,3 +340,23 @@ def test_only_a_script_that_read_its_stdin_is_told_about_it(exception, hinted):
     from perfmon.monitor.launch import stdin_hint
 
     assert (stdin_hint(exception) is not None) is hinted
+
+
+@pytest.mark.parametrize("model, said", [
+    ({}, None),  # not counted: no line
+    # steps of 10 ms: 100 steps/s
+    ({"flops_per_step": 1.0731e6}, "1.073 MFLOP a step · 107.3 MFLOP/s achieved · MFU n/a: CPU run"),
+    ({"flops_per_step": 2.5e12, "peak_tflops": 1000.0},
+     "2.5 TFLOP a step · 250 TFLOP/s achieved · MFU 25.0% of 1 PFLOP/s (--peak-tflops)"),
+])
+def test_the_text_summary_shows_flops_and_mfu_where_counted(model, said):
+    """``--count-flops`` (and ``--peak-tflops``) were in the report JSON only: the headless summary and ``perfmon
+    report`` said nothing of them."""
+    state = RunState()
+    state.apply(protocol.message("hello", seq=1, script="x", start=1000.0, cuda=False,
+                                 peak_tflops=model.pop("peak_tflops", None)))
+    state.apply(steps_msg([row(i, 1000.0 + i * 0.001) for i in range(1, 41)], seq=2))
+    if model:
+        state.apply(protocol.message("model", seq=3, **model))
+    lines = [line for line in format_summary(state).splitlines() if line.startswith("  flops ")]
+    assert lines == ([] if said is None else [lines[0]]) and (said is None or said in lines[0]), lines

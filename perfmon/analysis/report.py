@@ -235,6 +235,14 @@ def status_line(state: RunState, now: float | None = None) -> str:
     )
 
 
+def _si(value: float) -> str:
+    """``523.8 M``, ``12.3 T``: a FLOP count or rate with its SI prefix and a space before the unit."""
+    for size, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:.4g} {prefix}"
+    return f"{value:.0f} "
+
+
 def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> str:
     """The human summary: header, phase table, exit status (``summary``: already built, e.g. with --rules)."""
     s = summary if summary is not None else build_summary(state)
@@ -275,6 +283,17 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
     if s.get("prefetch_share"):
         lines.append(f"  {'prefetch':<10} another thread fetched batches for {s['prefetch_share'] * 100:.0f}% of the "
                      "step time (a prefetching thread: the training thread's wait for it is in other)")
+    flops = state.flops()
+    if flops.flops_per_step:
+        line = f"  {'flops':<10} {_si(flops.flops_per_step)}FLOP a step"
+        if flops.achieved_flops:
+            line += f" · {_si(flops.achieved_flops)}FLOP/s achieved"
+        if flops.mfu is not None and flops.peak_tflops:
+            line += (f" · MFU {flops.mfu * 100:.1f}% of {_si(flops.peak_tflops * 1e12)}FLOP/s"
+                     + (f" ({flops.peak_source})" if flops.peak_source else ""))
+        elif flops.reason:
+            line += f" · MFU n/a: {flops.reason}"
+        lines.append(line)
     if state.exit and state.exit.exception:
         lines += ["", f"  exception {state.exit.exception}"]
     if s["findings"]:
