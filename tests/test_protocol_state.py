@@ -156,6 +156,8 @@ def test_whole_run_figures_leave_the_first_step_out_and_say_so():
     assert summary["steps"] == 10 and summary["first_step_ms"] == 2000.0
     first = [line.split() for line in format_summary(state, summary).splitlines() if line.startswith("  first ")]
     assert [words[:8] for words in first] == [["first", "2000.0", "ms,", "left", "out", "of", "the", "table"]]
+    # 10 steps in 2.09 s at 100 steps/s reads as a contradiction unless the rate says where it starts
+    assert "(100.00 steps/s, 3,200.0 samples/s from step 2)" in format_summary(state, summary)
 
     short = RunState()
     short.apply(hello())

@@ -254,7 +254,8 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
         f"  status    {exit_text}",
         f"  steps     {s['steps']} in {format_duration(s['elapsed_s'])}"
         f"  ({s['steps_per_s']:.2f} steps/s"
-        + (f", {s['samples_per_s']:,.1f} samples/s)" if s["samples_per_s"] else ")"),
+        + (f", {s['samples_per_s']:,.1f} samples/s" if s["samples_per_s"] else "")
+        + (" from step 2)" if s.get("first_step_ms") is not None else ")"),
     ]
     if s["steps"] == 0:
         lines += ["", f"  {no_steps(state)}"]
