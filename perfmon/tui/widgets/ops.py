@@ -136,8 +136,11 @@ class OpsView:
         if "flops" in info.columns:
             cols.append(("FLOPs", "flops"))
         nums = sum(WIDTHS[key] for _, key in cols)
-        name_w = max(16, min(44, width - nums))
+        longest = max((len(r.name) for r in info.rows), default=0) + 1
+        name_w = max(16, min(44, longest, width - nums))
         shapes = width - name_w - nums - 2 >= SHAPES_MIN and any(r.shapes for r in info.rows)
+        if not shapes:  # the names may have the width the shapes would have taken
+            name_w = max(16, min(longest, width - nums))
         return cols, name_w, shapes
 
     def table(self, width: int, rows_room: int) -> list[Text]:
