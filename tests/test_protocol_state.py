@@ -362,3 +362,22 @@ def test_the_text_summary_shows_flops_and_mfu_where_counted(model, said):
         state.apply(protocol.message("model", seq=3, **model))
     lines = [line for line in format_summary(state).splitlines() if line.startswith("  flops ")]
     assert lines == ([] if said is None else [lines[0]]) and (said is None or said in lines[0]), lines
+
+
+def test_time_series_extent_is_the_single_values_range_that_means_hide():
+    """A 60 ms spike every 15 steps of 8 ms: the bars (1 s means) stay near 11 ms; the chart's label gives the
+    fastest and slowest single step, at every level of the series."""
+    ts = TimeSeries()
+    t, values = 0.0, []
+    for i in range(3000):
+        value = 60.0 if i % 15 == 0 else 8.0
+        values.append(value)
+        t += value / 1000
+        ts.add(t, value)
+    assert max(ts.values(60.0)) < 20.0
+    assert ts.extent(60.0) == (8.0, 60.0)
+    assert ts.extent(None) == (8.0, 60.0)
+    assert TimeSeries().extent(60.0) is None
+    for s in range(0, 3 * 3600, 5):  # hours later: coarser levels keep the range too
+        ts.add(t + s, 9.0)
+    assert ts.extent(None) == (8.0, 60.0) and ts.extent(60.0) == (9.0, 9.0)

@@ -88,7 +88,7 @@ _INV_LOG_RATIO = 1.0 / math.log(Histogram.RATIO)
 
 
 class TimeSeries:
-    """Fine recent, coarse old: each level keeps a fixed number of (bucket, mean, max) points."""
+    """Fine recent, coarse old: each level keeps a fixed number of [bucket, sum, n, max, min] points."""
 
     LEVELS = ((1.0, 600), (10.0, 720), (60.0, 1440), (600.0, 1008))  # 10 min, 2 h, 24 h, 7 days
 
@@ -106,10 +106,12 @@ class TimeSeries:
             p[2] += 1
             if value > p[3]:
                 p[3] = value
+            if value < p[4]:
+                p[4] = value
         else:
             if points:
                 self._roll(1, points[-1])
-            points.append([bucket, value, 1, value])
+            points.append([bucket, value, 1, value, value])
 
     def add_many(self, times: list[float], values: list[float]) -> None:
         """``add`` for each (time, value), in one loop (a steps message holds thousands)."""
@@ -123,10 +125,12 @@ class TimeSeries:
                 last[2] += 1
                 if value > last[3]:
                     last[3] = value
+                if value < last[4]:
+                    last[4] = value
             else:
                 if last is not None:
                     self._roll(1, last)
-                last = [bucket, value, 1, value]
+                last = [bucket, value, 1, value, value]
                 points.append(last)
 
     def _roll(self, level: int, closed: list[float]) -> None:
@@ -140,10 +144,11 @@ class TimeSeries:
             p[1] += closed[1]
             p[2] += closed[2]
             p[3] = max(p[3], closed[3])
+            p[4] = min(p[4], closed[4])
         else:
             if points:
                 self._roll(level + 1, points[-1])
-            points.append([bucket, closed[1], closed[2], closed[3]])
+            points.append([bucket, closed[1], closed[2], closed[3], closed[4]])
 
     def span_covered(self, level: int) -> float:
         res, n = self.LEVELS[level]
@@ -151,6 +156,15 @@ class TimeSeries:
 
     def values(self, span: float | None, now: float | None = None) -> list[float]:
         """Bucket means over the last ``span`` seconds (None: the whole run), finest level that covers it."""
+        return [p[1] / p[2] for p in self._points(span, now)]
+
+    def extent(self, span: float | None, now: float | None = None) -> tuple[float, float] | None:
+        """The smallest and the largest single value over the same span as :meth:`values` (a bucket's mean hides a
+        spike); None where there is none."""
+        points = self._points(span, now)
+        return (min(p[4] for p in points), max(p[3] for p in points)) if points else None
+
+    def _points(self, span: float | None, now: float | None = None) -> list[list[float]]:
         now = now if now is not None else self._last()
         if now is None:
             return []
@@ -162,7 +176,7 @@ class TimeSeries:
                 level = i
                 break
         cut = now - want if span is not None else -math.inf
-        return [p[1] / p[2] for p in self.levels[level] if p[0] >= cut - self.LEVELS[level][0]]
+        return [p for p in self.levels[level] if p[0] >= cut - self.LEVELS[level][0]]
 
     def _last(self) -> float | None:
         return self.levels[0][-1][0] if self.levels[0] else None

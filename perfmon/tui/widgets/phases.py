@@ -36,13 +36,14 @@ class PhaseInfo:
     total: tuple[tuple[str, PhaseStat], ...]
     recent_n: int
     total_n: int
-    series: tuple[float, ...]
+    series: tuple[float, ...]  # the step time's means, a bar each
     span: str
     device_timed: bool = False
     notes: str = ""  # time outside steps, closure evaluations: one line under the bar when there is any
     ended: bool = False  # the job is over (with no step: say why there may be none)
     no_steps: str = NO_STEPS  # what to say then
     since: str = "since start"  # or "since step 2": the whole-run figures leave step 1 (warm-up) out
+    extent: tuple[float, float] | None = None  # the fastest and slowest single step in the chart's span
 
     @classmethod
     def from_state(cls, state: RunState, span_index: int = 0) -> PhaseInfo:
@@ -55,6 +56,7 @@ class PhaseInfo:
             recent_n=sum(1 for s in state.recent if not s.windowed),
             total_n=state.totals["step"].hist.n - first_left_out,
             series=tuple(state.step_series.values(seconds)),
+            extent=state.step_series.extent(seconds),
             since="since step 2" if first_left_out else "since start",
             span=label,
             device_timed=state.device_timed,
@@ -150,8 +152,9 @@ class PhasesView:
         label = Text(no_wrap=True, overflow="ellipsis")
         label.append("step time, " if span == "whole run" else "step time, last ", st["heading"])
         label.append(span, st["span"])
-        if series:
-            label.append(f": {fmt.ms(min(series))}–{fmt.ms(max(series))} ms", st["heading"])
+        if series:  # the single steps' range: the bars are means (a second's, or more), which hide a spike
+            low, high = self.info.extent or (min(series), max(series))
+            label.append(f": {fmt.ms(low)}–{fmt.ms(high)} ms", st["heading"])
         return label
 
     def chart_lines(self, width: int, height: int) -> list[Text]:
