@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -381,3 +383,26 @@ def test_time_series_extent_is_the_single_values_range_that_means_hide():
     for s in range(0, 3 * 3600, 5):  # hours later: coarser levels keep the range too
         ts.add(t + s, 9.0)
     assert ts.extent(None) == (8.0, 60.0) and ts.extent(60.0) == (9.0, 9.0)
+
+
+def test_a_report_without_exit_says_whether_its_process_still_runs_here():
+    """``perfmon report`` on a live run said "still running, or killed"; it can tell which."""
+    import os
+    import socket
+    import time
+
+    import psutil
+
+    def status(pid: int, start: float) -> str:
+        state = RunState()
+        state.apply(protocol.message("hello", seq=1, script="x", pid=pid, start=start, host=socket.gethostname()))
+        line = next(x for x in format_summary(state).splitlines() if x.startswith("  status"))
+        return line.split(None, 1)[1]
+
+    me = os.getpid()
+    assert status(me, time.time()) == f"running (pid {me}): no exit yet; perfmon attach {me} follows it live"
+    # a pid that a later process was given: it began after the recording did
+    assert status(me, psutil.Process(me).create_time() - 60).startswith("no exit recorded")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert status(dead.pid, time.time()).startswith("no exit recorded (killed")

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from perfmon import paths
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
 from perfmon.messages import ProfileWindow, as_sent
@@ -235,6 +239,19 @@ def status_line(state: RunState, now: float | None = None) -> str:
     )
 
 
+def _no_exit(state: RunState) -> str:
+    """The status of a recording without an exit: its process still runs here, or it was killed."""
+    meta = state.meta
+    if meta.pid and meta.start and meta.host == socket.gethostname() and paths.pid_alive(meta.pid):
+        try:  # the same process, not a later one given its pid: it began before its recording did
+            began = psutil.Process(meta.pid).create_time()
+        except (psutil.Error, OSError):
+            began = None
+        if began is not None and began <= meta.start + 1.0:
+            return f"running (pid {meta.pid}): no exit yet; perfmon attach {meta.pid} follows it live"
+    return "no exit recorded (killed, or running on another machine)"
+
+
 def _si(value: float) -> str:
     """``523.8 M``, ``12.3 T``: a FLOP count or rate with its SI prefix and a space before the unit."""
     for size, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -247,7 +264,7 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
     """The human summary: header, phase table, exit status (``summary``: already built, e.g. with --rules)."""
     s = summary if summary is not None else build_summary(state)
     argv = " ".join(s["argv"]) or s["script"] or "?"
-    exit_text = state.status if state.exit else "no exit recorded (still running, or killed)"
+    exit_text = state.status if state.exit else _no_exit(state)
     lines = [
         f"perfmon summary: {argv}",
         f"  run dir   {s['run_dir']}",
