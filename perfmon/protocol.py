@@ -25,6 +25,9 @@ AGENT_TYPES = frozenset({"hello", "steps", "sample", "profile", "model", "log", 
 #: How often an agent sends what it has (sooner when events pile up): how stale a monitor's view of a job's step
 #: count may be.
 PUBLISH_TICK_S = 1.0
+#: How the agent's warning that its recording stopped (a full disk) begins: the recording then ends early, and
+#: a monitor that followed the stream holds more than it.
+RECORDING_STOPPED = "recording stopped:"
 
 PHASES = ("data", "forward", "backward", "optimizer")
 ALL_PHASES = (*PHASES, "other")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -296,3 +297,45 @@ def test_a_bug_in_the_analysis_at_exit_is_one_line_and_the_exit_is_still_recorde
     last = json.loads((run / "events.jsonl").read_bytes().splitlines()[-1])
     assert (last["kind"], last["code"], last["recorded_by"]) == ("exit", 3, "monitor")
     assert not (run / "summary.json").exists()
+
+
+NOISY_SCRIPT = """
+import sys
+import torch
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(1000):
+    opt.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    print(f"step {i} " + "x" * 100)
+    if i % 50 == 0:
+        print(f"note {i}", file=sys.stderr)
+print("done", i + 1)
+"""
+
+
+def test_a_run_dir_without_room_stops_the_copy_of_the_output_never_the_script(env, tmp_path):
+    """The script's stdout and stderr are files in the run dir: where that disk fills (here a file size limit,
+    the same EFBIG/ENOSPC to a write), plain python printing to a pipe goes on, and so must the script under
+    perfmon: its output stops being kept, it says so, and every step is still counted (the live stream's)."""
+    import resource
+
+    script = tmp_path / "noisy.py"
+    script.write_text(NOISY_SCRIPT)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    limit = 48 * 1024  # the output (~110 KiB) and the recording (~70 KiB) outgrow it
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    run = tmp_path / "run"
+    res = subprocess.run([*PERFMON, "--headless", "--run-dir", str(run), str(script)], capture_output=True,
+                         text=True, timeout=120, env={**env, "PERFMON_DISK_RESERVE_MB": "0"},
+                         preexec_fn=small_files)
+    assert plain.returncode == 0 and res.returncode == 0, res.stderr[-3000:]
+    assert "OSError" not in res.stderr and "Traceback" not in res.stderr
+    assert "the run dir has no room left" in res.stderr and "recording stopped" in res.stderr
+    assert plain.stdout.startswith(res.stdout[: len(res.stdout) - len(res.stdout) % 1000][:20000])
+    assert re.search(r"^  steps     1000 in ", res.stderr, re.M), res.stderr[-2000:]  # the recording stopped: live
+    assert (run / "output.log").stat().st_size <= limit

@@ -18,8 +18,8 @@ import types
 import zipfile
 from types import TracebackType
 
-from perfmon import protocol
-from perfmon.agent import bootstrap, own_frames
+from perfmon import paths, protocol
+from perfmon.agent import bootstrap, output, own_frames
 
 USAGE = "usage: python -m perfmon.agent [-m MODULE | SCRIPT] [ARGS...]"
 
@@ -105,6 +105,8 @@ def main(argv: list[str]) -> int:
             pass
 
     agent = bootstrap.start_agent(target, [target, *rest], module=module is not None)
+    if agent is not None and os.environ.get(paths.LAUNCHER_ENV):  # fds 1 and 2 are files in the run dir
+        output.keep_going_on_full_disk(lambda: agent.warn(output.FULL_DISK))
     exit_info: dict = {"code": 0, "signal": None, "exception": None, "traceback": None}
     # Registered before the script runs, so it runs last: after python has stopped the executors the script left
     # open, waited for its non-daemon threads (training may run in one) and run the script's own atexit handlers.

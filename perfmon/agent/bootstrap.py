@@ -21,6 +21,7 @@ from typing import Any
 from perfmon import _api, paths
 from perfmon.agent import exits, own_frames, own_threads
 from perfmon.agent.runtime import Agent
+from perfmon.agent.say import say
 
 #: A process the job spawned, recording as one of its ranks (``spawned.run_rank``): the job's dir, this rank and
 #: the world size. It writes its summaries itself (the launcher may follow another of the script's spawns).
@@ -91,7 +92,7 @@ def start_agent(target: str, argv: list[str], module: bool = False, rank: Rank |
                       sample_interval=interval if interval > 0 else None, fed=fed)
         agent.start()
     except Exception as exc:  # noqa: BLE001 - without an agent the script still runs
-        print(f"perfmon: agent could not start ({exc}); running the script unmonitored", file=sys.stderr)
+        say(f"perfmon: agent could not start ({exc}); running the script unmonitored")
         return None
     _api.set_agent(agent)
     if "torch" in sys.modules:
@@ -131,7 +132,7 @@ def install_hooks(agent: Agent) -> None:
         _warn_old_torch(agent, str(agent.meta["torch"]), inst.unavailable)
     except Exception as exc:  # noqa: BLE001
         agent.record_error("hooks", exc)
-        print(f"perfmon: could not instrument torch ({exc}); use perfmon.step() to mark steps", file=sys.stderr)
+        say(f"perfmon: could not instrument torch ({exc}); use perfmon.step() to mark steps")
 
 
 #: The oldest torch perfmon supports (pyproject.toml's "torch" extra says the same).
@@ -151,7 +152,7 @@ def _warn_old_torch(agent: Agent, version: str, unavailable: list[str]) -> None:
         notes.append(f"not measured with this torch: {', '.join(unavailable)}")
     if notes:
         text = "perfmon: " + "; ".join(notes)
-        print(text, file=sys.__stderr__, flush=True)
+        say(text)
         agent.warn(text)
 
 
@@ -217,7 +218,7 @@ def forget_inherited(agent: Agent) -> None:
         sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _TorchImportHook) and f.agent is agent)]
         exits.reset_inherited()
     except Exception as exc:  # noqa: BLE001 - the child's own agent starts regardless
-        print(f"perfmon: could not lift the parent's hooks ({exc})", file=sys.stderr)
+        say(f"perfmon: could not lift the parent's hooks ({exc})")
     _api.set_agent(None)
 
 
@@ -231,5 +232,5 @@ def finish_agent(agent: Agent | None, exit_info: dict[str, Any]) -> None:
             agent.instrumentation.uninstall()
         agent.finish(exit_info)
     except Exception as exc:  # noqa: BLE001
-        print(f"perfmon: agent shutdown error: {exc}", file=sys.stderr)
+        say(f"perfmon: agent shutdown error: {exc}")
     _api.set_agent(None)

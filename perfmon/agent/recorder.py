@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perfmon import protocol
 from perfmon.agent.disk import reserve_bytes, short_of_space
 
 #: Bytes written, or seconds, between two looks at the free space (a statvfs: about a microsecond); the time
@@ -63,11 +64,11 @@ class Recorder:
         self._unchecked, self._check_at = 0, time.monotonic() + CHECK_EVERY_S
         short = short_of_space(self.run_dir, self.reserve)
         if short is not None:
-            self.error = f"recording stopped: {short}; training continues"
+            self.error = f"{protocol.RECORDING_STOPPED} {short}; training continues"
             self.close()
 
     def _fail(self, exc: OSError) -> None:
-        self.error = f"recording stopped: {exc.strerror or exc} ({self.path}); training continues"
+        self.error = f"{protocol.RECORDING_STOPPED} {exc.strerror or exc} ({self.path}); training continues"
         self.close()
 
     def write_json(self, name: str, obj: Any) -> bool:

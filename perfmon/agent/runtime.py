@@ -29,6 +29,7 @@ from perfmon.agent.cuda_timing import CudaResolver
 from perfmon.agent.feed import FeedReader
 from perfmon.agent.native import HOT, event_buffer
 from perfmon.agent.recorder import Recorder
+from perfmon.agent.say import say
 from perfmon.agent.server import Server
 from perfmon.agent.steps import BEGIN, END, STEP, StepRecord, StepTracker
 from perfmon.messages.commands import Command
@@ -188,7 +189,7 @@ class Agent:
             self.server.start()
             self._write_discovery()
         except paths.RuntimeDirError as exc:  # not ours to use: said once, like the launcher; not an internal error
-            print(paths.unusable_line(exc, "live attach disabled"), file=sys.__stderr__, flush=True)
+            say(paths.unusable_line(exc, "live attach disabled"))
             self.publish(protocol.message("event", kind="warning", t=time.time(),
                                           message=f"{exc}: not using it; live attach disabled"))
             self.server = None
@@ -456,7 +457,7 @@ class Agent:
     def _report_recording_error(self) -> None:
         if self.recorder.error and not self._warned_recording:
             self._warned_recording = True
-            print(f"perfmon: {self.recorder.error}", file=sys.__stderr__, flush=True)
+            say(f"perfmon: {self.recorder.error}")
             self.errors["recording"] = self.errors.get("recording", 0) + 1
             # published by the publisher thread with a seq of its own (monitors drop a line whose seq they had)
             self.warn(self.recorder.error)
@@ -487,8 +488,12 @@ class Agent:
             self._sleep(wait)
             if self._stop.is_set():  # after the sleep's items are taken: finish() sets it before it wakes us
                 return
-            with self._batched():
-                n = self._tick()
+            try:
+                with self._batched():
+                    n = self._tick()
+            except Exception as exc:  # noqa: BLE001 - the thread that records every step must outlive any error
+                self.record_error("publisher", exc)
+                n = 0
             now = time.monotonic()
             # steps held for the GPU are work still to do: no longer sleep while they wait
             waited = None if self.cuda.pending else wait

@@ -37,7 +37,7 @@ from perfmon.messages import (
     merged,
     parse,
 )
-from perfmon.protocol import ALL_PHASES, OUTSIDE_KINDS
+from perfmon.protocol import ALL_PHASES, OUTSIDE_KINDS, RECORDING_STOPPED
 
 RECENT_STEPS = 200
 #: Telemetry kept as multi-resolution series (sparklines over the whole run).
@@ -83,6 +83,7 @@ class Store:
         #: the ranks the job spawned itself (torch.multiprocessing.spawn), a job dir each call, in order
         self.spawned: list[RanksSpawned] = []
         self.warnings_seen = 0  # all there were: what a printer of new warnings counts from
+        self.recording_stopped = False  # the agent said its recording stopped: the stream has more than it
         self.agent_errors: dict[str, float] = {}
         self.host: HostSample | None = None
         self.gpus: list[GpuSample] = []
@@ -292,6 +293,7 @@ class Store:
             if all(s.job_dir != m.job_dir for s in self.spawned):
                 self.spawned.append(m)
         elif isinstance(m, AgentWarning):
+            self.recording_stopped = self.recording_stopped or m.message.startswith(RECORDING_STOPPED)
             self.warnings.append(m.message)
             self.warnings_seen += 1
             del self.warnings[:-50]

@@ -447,7 +447,8 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
                 f.write(protocol.encode(msg))
         except OSError:
             pass
-    if not complete or state.bulk_steps:  # the live stream summarised a fast job: the recording is exact
+    # the live stream summarised a fast job: the recording is exact, unless it stopped early (a full disk)
+    if not complete or (state.bulk_steps and not state.recording_stopped):
         from perfmon.analysis.report import ReportError, load_recording
 
         try:

@@ -1,0 +1,61 @@
+"""The script's stdout and stderr in a job perfmon launched: files in the run dir (``output.log``, ``stderr.log``),
+which a full disk must never turn into an error of the script's (plain python printing to a terminal would not
+fail)."""
+
+from __future__ import annotations
+
+import errno
+import io
+import sys
+from collections.abc import Callable
+
+FULL_DISK = ("the run dir has no room left (a full disk, a file size limit): the script's output is no longer kept in "
+             "RUN/output.log and RUN/stderr.log, nor shown from there; the script goes on as under plain python")
+#: Errors of a write that found no room: the copy stops, the script goes on.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class _KeepGoing(io.FileIO):
+    """fd 1 or 2 as a file that takes every write: what a full disk refuses is dropped and counted."""
+
+    lost = 0  # bytes dropped, both streams
+    on_first_loss: Callable[[], None] | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        try:
+            return super().write(data)
+        except OSError as exc:
+            if exc.errno not in _NO_ROOM:
+                raise
+            n = len(memoryview(data).cast("B"))
+            first = _KeepGoing.lost == 0
+            _KeepGoing.lost += n
+            if first and _KeepGoing.on_first_loss is not None:
+                _KeepGoing.on_first_loss()
+            return n
+
+
+#: The streams replaced: kept so that they are never collected (they do not own their fd, but keep it simple).
+_replaced: list[io.TextIOBase] = []
+
+
+def keep_going_on_full_disk(on_first_loss: Callable[[], None]) -> None:
+    """Re-open ``sys.stdout`` and ``sys.stderr`` (when they are fds 1 and 2) on writers that drop what a full disk
+    refuses instead of raising it into the script; ``on_first_loss`` is called once, at the first dropped write.
+    The streams keep their encoding, errors and line buffering (stdout's is line-buffered by the launch)."""
+    _KeepGoing.on_first_loss = on_first_loss
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        try:
+            if not isinstance(old, io.TextIOWrapper) or old.fileno() != fd:
+                continue
+            old.flush()
+            raw = _KeepGoing(fd, "w", closefd=False)
+            new = io.TextIOWrapper(io.BufferedWriter(raw), encoding=old.encoding, errors=old.errors,
+                                   line_buffering=old.line_buffering, write_through=old.write_through)
+        except (OSError, ValueError):
+            continue  # a closed or odd stream: left as it is
+        _replaced.append(old)
+        setattr(sys, name, new)
+        if getattr(sys, f"__{name}__") is old:
+            setattr(sys, f"__{name}__", new)
