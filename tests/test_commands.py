@@ -119,6 +119,22 @@ def test_count_flops_of_one_step(session):
     assert 2 * forward < res["flops_per_step"] < 3.1 * forward
 
 
+def test_a_command_flood_is_refused_instead_of_slowing_every_step(session):
+    """What waits for a step end is scanned on the training thread at every step end: a monitor that sent 20,000
+    FLOP counts for step 10**12 made the job's steps ~270x slower for the rest of the run. A step too far ahead,
+    and a second FLOP count are each refused at once (and the queue has a cap), and the job's steps go on."""
+    session.wait_for(lambda m: m.get("type") == "steps")
+    session.source.send(Command("count_flops", id=1, at_step=10**12))
+    far = session.result("count_flops", after=1)
+    assert far["ok"] is False and "steps ahead" in far["message"]
+    session.source.send(Command("count_flops", id=2, at_step=10**5))
+    session.source.send(Command("count_flops", id=3, at_step=10**5))
+    second = session.wait_for(lambda m: m.get("kind") == "command_result" and m.get("id") == 3)
+    assert second["ok"] is False and "already being counted" in second["message"]
+    before = sum(m.get("type") == "steps" for m in session.messages)
+    session.wait_for(lambda _: sum(m.get("type") == "steps" for m in session.messages) > before + 1)  # steps go on
+
+
 def test_periodic_windows_do_not_change_results(tmp_path):
     args = ["--steps", "60", "--log-every", "20", "--hidden", "256"]
     plain = subprocess.run([sys.executable, str(DEMO), *args], capture_output=True, text=True, check=True)

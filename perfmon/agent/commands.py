@@ -29,6 +29,11 @@ FLOPS_BESIDE_MODE = ("count_flops: the script keeps a torch dispatch mode of its
 FLOPS_COMPILED = ("FLOPs not counted: the script runs torch.compile'd code, and the counter (a dispatch mode) makes "
                   "dynamo run that step eagerly: its random draws (dropout) and so its results would differ from "
                   "plain python's. Count them in a run without torch.compile: the model's FLOPs are the same")
+#: Commands that may wait for a step end at once, and how far ahead one may ask for a step (a multi-rank window
+#: asks a second and a half ahead): a monitor that sent thousands (or one for step 10**12) had the training thread
+#: scan them at every step end, 270x slower steps for the rest of the run.
+MAX_QUEUED = 16
+MAX_STEPS_AHEAD = 1_000_000
 #: Traces of periodic windows kept on disk (--profile-keep; 0: all).
 DEFAULT_PROFILE_KEEP = 20
 SCRIPT_PROFILING = ("the script runs its own torch.profiler: perfmon's profiler windows wait while it records "
@@ -124,6 +129,10 @@ class Commands(CommandFields):
             reply(protocol.encode(protocol.message("event", kind="command_result", name=name, id=command.id,
                                                    **fields)))
 
+        refusal = self._flooded(command)
+        if refusal is not None:
+            answer({"ok": False, "done": True, "message": refusal})
+            return
         torch = sys.modules.get("torch")
         cuda = bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
         if name == "empty_cache" and not cuda:
@@ -168,6 +177,19 @@ class Commands(CommandFields):
         at = command.at_step
         when = f"at step {at}" if at is not None and at > self.boundaries else "at the next step boundary"
         answer({"ok": True, "done": False, "message": f"{name}: starts {when}"})
+
+    def _flooded(self, command: Command) -> str | None:
+        """Why a command is not queued: the queue is scanned on the training thread at every step end while it
+        holds anything, so it stays short, and what waits in it waits for a step that will come."""
+        with self._lock:
+            queued = [q[0] for q in self._queue]
+        if len(queued) >= MAX_QUEUED:
+            return f"busy: {len(queued)} commands already wait for a step end"
+        if command.name == "count_flops" and (self.flops_mode is not None or "count_flops" in queued):
+            return "busy: FLOPs are already being counted"
+        if command.at_step is not None and command.at_step > self.boundaries + MAX_STEPS_AHEAD:
+            return f"at_step {command.at_step} is more than {MAX_STEPS_AHEAD:,} steps ahead (now {self.boundaries})"
+        return None
 
     def _at_next_step_end(self, name: str, command: Command | None, answer: Answer) -> None:
         """Run ``_do_<name>`` on the training thread at its next step end (any thread may ask)."""
