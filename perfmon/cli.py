@@ -437,8 +437,23 @@ def _has_terminal() -> bool:
         return False
 
 
+def _closed_streams_to_devnull() -> None:
+    """``perfmon ... >&-``: python leaves ``sys.stdout`` None for a closed fd 1, and perfmon (which writes there:
+    the script's output, its summary) died of it, leaving the job to run on without it. A closed standard stream
+    becomes /dev/null, where plain python's prints to it go nowhere too."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        if getattr(sys, name) is not None:
+            continue
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 - the process's own stream
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; a closed pipe (``perfmon report RUN | head``) ends quietly."""
+    _closed_streams_to_devnull()
     try:
         return _main(argv)
     except BrokenPipeError:

@@ -339,3 +339,18 @@ def test_a_run_dir_without_room_stops_the_copy_of_the_output_never_the_script(en
     assert plain.stdout.startswith(res.stdout[: len(res.stdout) - len(res.stdout) % 1000][:20000])
     assert re.search(r"^  steps     1000 in ", res.stderr, re.M), res.stderr[-2000:]  # the recording stopped: live
     assert (run / "output.log").stat().st_size <= limit
+
+
+@pytest.mark.parametrize("closed", [1, 2])
+def test_perfmon_with_a_closed_stdout_or_stderr_runs_the_job_to_its_end(env, tmp_path, closed):
+    """``perfmon ... >&-`` (or ``2>&-``): python gives perfmon a None sys.stdout, and it died of it (an
+    AttributeError) while its job trained on, orphaned, recording elsewhere. As with plain python, the prints to
+    the closed stream go nowhere, and the run is whole."""
+    script = tmp_path / "noisy.py"
+    script.write_text(NOISY_SCRIPT.replace("range(1000)", "range(30)"))
+    run = tmp_path / "run"
+    res = subprocess.run([*PERFMON, "--headless", "--run-dir", str(run), str(script)], capture_output=True,
+                         text=True, timeout=120, env=env, preexec_fn=lambda: os.close(closed))
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    assert "Traceback" not in res.stdout + res.stderr
+    assert json.loads((run / "summary.json").read_text())["steps"] == 30
