@@ -354,3 +354,37 @@ def test_perfmon_with_a_closed_stdout_or_stderr_runs_the_job_to_its_end(env, tmp
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert "Traceback" not in res.stdout + res.stderr
     assert json.loads((run / "summary.json").read_text())["steps"] == 30
+
+
+FORK_AND_EXIT_SCRIPT = """
+import os, sys, time
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(5):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+if os.fork() == 0:  # a child left behind, still running when the script ends
+    gate = sys.argv[1]
+    for _ in range(1200):
+        if os.path.exists(gate):
+            break
+        time.sleep(0.1)
+    os._exit(0)
+print("parent done", flush=True)
+"""
+
+
+def test_a_child_the_script_leaves_running_does_not_keep_perfmon_waiting(env, tmp_path):
+    """The child inherited the agent's sockets: every monitor's connection stayed open until it ended, and
+    headless perfmon waited for it (up to 10 minutes) where plain python returns at once."""
+    script, gate, run = tmp_path / "forkexit.py", tmp_path / "gate", tmp_path / "run"
+    script.write_text(FORK_AND_EXIT_SCRIPT)
+    try:
+        res = subprocess.run([*PERFMON, "--headless", "--run-dir", str(run), str(script), str(gate)],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert res.returncode == 0 and res.stdout == "parent done\n", res.stderr[-2000:]
+        assert json.loads((run / "summary.json").read_text())["steps"] == 5
+    finally:
+        gate.touch()  # the child ends

@@ -207,6 +207,8 @@ class Agent:
         self.enabled = False
         self.events = event_buffer(1)
         self._sync_fast_path()
+        if self.server is not None:
+            self.server.forget_in_child()
 
     def finish(self, exit_info: dict[str, Any]) -> None:
         """Flush everything, record the exit, have summary.json written outside the job (:meth:`write_summary`), close

@@ -162,6 +162,19 @@ class Server:
         except OSError:
             pass
 
+    def forget_in_child(self) -> None:
+        """In a process forked from the job (a DataLoader worker, a script's own child): close its copies of the
+        sockets, without a lock (another thread of the parent may have held one at the fork) and without removing
+        the parent's socket file. A child that kept them kept every monitor's connection open after the job
+        ended: a headless perfmon waited for the child, up to 10 minutes."""
+        for sock in [*(c.sock for c in list(self._clients.values())), self._listener, self._wake_r, self._wake_w]:
+            if sock is not None:
+                _close_quietly(sock)
+        try:
+            self._sel.close()
+        except (OSError, ValueError):
+            pass
+
     # -- loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
