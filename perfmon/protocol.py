@@ -77,10 +77,12 @@ def decode(line: bytes | str, allowed: Iterable[str] = AGENT_TYPES) -> dict[str,
         msg = json.loads(line)
     except (ValueError, UnicodeDecodeError) as exc:
         raise DecodeError(f"not JSON: {exc}") from None
+    except RecursionError:  # "[[[[..." nested deeper than the parser goes
+        raise DecodeError("JSON nested too deeply") from None
     if not isinstance(msg, dict):
         raise DecodeError("not a JSON object")
     v = msg.get("v")
-    if not isinstance(v, int) or isinstance(v, bool):
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
         raise DecodeError("missing protocol version")
     if v > VERSION:
         raise DecodeError(f"protocol version {v} is newer than this perfmon ({VERSION})")

@@ -60,6 +60,8 @@ def test_non_finite_floats_become_null():
         (b'{"v":1,"type":"rm -rf"}', "unknown message type"),
         (b'{"v":true,"type":"steps"}', "version"),
         (b"\xff\xfe", "not JSON"),
+        (b"[" * 200_000, "nested too deeply"),  # a RecursionError traceback in report and replay
+        (b'{"v":-1,"type":"steps"}', "version"),
     ],
 )
 def test_decode_rejects_bad_lines_with_a_reason(line, why):
