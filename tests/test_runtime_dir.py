@@ -160,6 +160,24 @@ def test_ls_and_attach_do_not_read_an_unsafe_dir(base, monkeypatch, capsys):
     assert (rt / "1.json").exists()  # not ours to clean up either
 
 
+@pytest.mark.parametrize("record", [
+    {"start": "now"},  # perfmon ls: time.localtime(str)
+    {"run_dir": 7},  # perfmon attach: Path(7)
+    {"argv": "train.py"},
+    [1, 2],
+])
+def test_a_discovery_file_with_wrong_types_is_left_out_not_a_traceback(tmp_path, monkeypatch, record):
+    rt = tmp_path / "rt"
+    rt.mkdir(mode=0o700)
+    good = {"pid": os.getpid(), "socket": str(rt / "2.sock"), "run_dir": str(tmp_path / "run"), "start": 1.0,
+            "argv": ["train.py"]}
+    bad = {**good, **record} if isinstance(record, dict) else record
+    (rt / "1.json").write_text(json.dumps(bad))
+    (rt / "2.json").write_text(json.dumps(good))
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(rt))
+    assert discovery.live_runs() == [good]
+
+
 # -- the launcher --------------------------------------------------------------------------------
 def test_launcher_gives_the_job_a_private_dir_and_removes_it(base, tmp_path, monkeypatch, capsys):
     rt = _symlink(base)

@@ -9,6 +9,19 @@ from typing import Any
 
 from perfmon import paths
 
+#: The types of a discovery record's fields (each may also be missing or null): a file that says otherwise was not
+#: written by an agent, and is left out instead of failing ``perfmon ls`` or ``attach`` with a traceback.
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "start": (int, float), "updated": (int, float), "run_dir": str, "socket": str, "script": str, "host": str,
+    "job_dir": str, "argv": list, "rank": int, "node": int, "world_size": int, "steps": int, "monitors": int,
+    "protocol": int,
+}
+
+
+def _well_formed(info: Any) -> bool:
+    return isinstance(info, dict) and all(
+        info.get(k) is None or (isinstance(info[k], t) and not isinstance(info[k], bool)) for k, t in _FIELD_TYPES.items())
+
 
 def live_runs() -> list[dict[str, Any]]:
     """Discovery records of agents that are still running (stale files are removed).
@@ -27,7 +40,9 @@ def live_runs() -> list[dict[str, Any]]:
         try:
             info = json.loads(f.read_text())
             pid = int(info["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            continue
+        if not _well_formed(info):
             continue
         if not paths.pid_alive(pid):
             for stale in (f, Path(str(info.get("socket", "")))):
