@@ -12,6 +12,7 @@ Options come before the script; everything after it goes to the script untouched
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -30,6 +31,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"perfmon: error: {message} (see perfmon --help)\n")
 
 
+def positive(text: str) -> float:
+    """A finite number above 0 (argparse's ``float`` takes "nan", "inf" and "-3": a NaN interval made the
+    TensorBoard logger spin a core)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def sampling_period(text: str) -> float:
+    """:func:`positive`, at least 0.05 s: a sample costs about a millisecond (``1e-9`` took half a core)."""
+    value = positive(text)
+    if value < 0.05:
+        raise argparse.ArgumentTypeError(f"must be at least 0.05 s, got {text!r}")
+    return value
+
+
 def _run_parser() -> _Parser:
     p = _Parser(
         prog="perfmon",
@@ -41,12 +62,12 @@ def _run_parser() -> _Parser:
         epilog="Options come before the script; everything after the script is passed to it untouched.",
     )
     p.add_argument("--headless", action="store_true", help="no dashboard: script output on stdout, status lines on stderr")
-    p.add_argument("--interval", type=float, default=10.0, metavar="S", help="headless status line period (default 10 s)")
+    p.add_argument("--interval", type=positive, default=10.0, metavar="S", help="headless status line period (default 10 s)")
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="recording dir (default ./perfmon-runs/<time>-<script>/)")
     p.add_argument("--python", metavar="EXE", help="interpreter for the job (must have perfmon and torch installed)")
-    p.add_argument("--sample-interval", type=float, default=1.0, metavar="S", help="telemetry sampling period (default 1 s)")
+    p.add_argument("--sample-interval", type=sampling_period, default=1.0, metavar="S", help="telemetry sampling period (default 1 s)")
     p.add_argument("--profile-every", type=int, metavar="N", help="capture a profiler window every N steps")
-    p.add_argument("--profile-interval", type=float, metavar="S", help="capture a profiler window every S seconds")
+    p.add_argument("--profile-interval", type=positive, metavar="S", help="capture a profiler window every S seconds")
     p.add_argument("--profile-schedule", default="1,1,3", metavar="W,U,A",
                    help="profiler window: wait, warmup, active steps (default 1,1,3)")
     p.add_argument("--profile-keep", type=int, default=20, metavar="N",
@@ -55,7 +76,7 @@ def _run_parser() -> _Parser:
                    help="profiler windows also record allocations (the trace's memory view; torch then prints a "
                    "warning line into the script's stderr)")
     p.add_argument("--count-flops", action="store_true", help="count one step's FLOPs at start (for MFU)")
-    p.add_argument("--peak-tflops", type=float, metavar="T", help="device peak TFLOP/s for MFU (default: from a table of GPUs)")
+    p.add_argument("--peak-tflops", type=positive, metavar="T", help="device peak TFLOP/s for MFU (default: from a table of GPUs)")
     p.add_argument("--no-window-peaks", action="store_true",
                    help="report allocator peaks since start only (no hidden per-window peak reset; see README)")
     p.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds to override (TOML, see README)")
@@ -65,7 +86,7 @@ def _run_parser() -> _Parser:
                    "under RUN/tb/ (needs tensorboard)")
     p.add_argument("--wandb", action="store_true", help="log phase timings and findings into the script's own "
                    "active wandb run")
-    p.add_argument("--log-interval", type=float, default=10.0, metavar="S",
+    p.add_argument("--log-interval", type=positive, default=10.0, metavar="S",
                    help="--tensorboard/--wandb logging period (default 10 s)")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module as a script, like python -m")
     p.add_argument("--version", action="version", version=f"perfmon {__version__}")
@@ -207,8 +228,6 @@ def _agent_env(args: argparse.Namespace) -> dict[str, str]:
               "the profiler's start-up, which skews it", file=sys.stderr)
     if args.profile_every is not None and args.profile_every < 1:
         _run_parser().error("--profile-every must be >= 1")
-    if args.sample_interval <= 0:
-        _run_parser().error("--sample-interval must be positive")
     env = {paths.SAMPLE_INTERVAL_ENV: str(args.sample_interval), "PERFMON_PROFILE_SCHEDULE": args.profile_schedule}
     if args.profile_every:
         env["PERFMON_PROFILE_EVERY"] = str(args.profile_every)
@@ -492,10 +511,6 @@ def _main(argv: list[str] | None = None) -> int:
     else:
         target = Target(script=None if args.module else rest[0], module=args.module,
                         args=rest if args.module else rest[1:])
-    if args.interval <= 0:
-        _run_parser().error("--interval must be positive")
-    if args.log_interval <= 0:
-        _run_parser().error("--log-interval must be positive")
     env = _agent_env(args)
     rules = _load_rules(args.rules)
     if rules is False:

@@ -1361,6 +1361,12 @@ def test_monitor_killed_training_goes_on_and_recording_completes(background, env
     pytest.param(["--headless", "-m", "no_such_module_xyz"], id="missing_module"),
     pytest.param(["--headless", "--bogus-option", "demos/loops/crash.py"], id="bad_option"),
     pytest.param(["--headless", "--interval", "abc", "demos/loops/crash.py"], id="bad_value"),
+    # argparse's float took these: a NaN --log-interval spun a core, a tiny --sample-interval took half of one
+    pytest.param(["--headless", "--interval", "nan", "demos/loops/crash.py"], id="nan_interval"),
+    pytest.param(["--headless", "--tensorboard", "--log-interval", "nan", "demos/loops/crash.py"], id="nan_log"),
+    pytest.param(["--headless", "--sample-interval", "1e-9", "demos/loops/crash.py"], id="tiny_sampling"),
+    pytest.param(["--headless", "--profile-interval", "-3", "demos/loops/crash.py"], id="negative_profile"),
+    pytest.param(["--headless", "--peak-tflops", "-1", "demos/loops/crash.py"], id="negative_peak"),
     pytest.param(["--headless", "demos"], id="directory"),
     pytest.param(["--headless", "python", "-u", "demos/loops/crash.py"], id="python_option"),
 ])
