@@ -408,3 +408,12 @@ def test_a_report_without_exit_says_whether_its_process_still_runs_here():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     assert status(dead.pid, time.time()).startswith("no exit recorded (killed")
+
+
+def test_a_recording_without_exit_lasts_to_its_last_word_not_to_now():
+    """A killed job's ``elapsed_s`` grew with the wall clock at every ``perfmon report`` (826 s for a 41 s job)."""
+    state = RunState()
+    state.apply(hello(start=1000.0))
+    state.apply(steps_msg([row(i, 1000.0 + i) for i in range(1, 31)], seq=2))
+    state.apply(protocol.message("sample", seq=3, t=1041.0))
+    assert build_summary(state)["elapsed_s"] == 41.0

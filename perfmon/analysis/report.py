@@ -118,7 +118,8 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
         "exception": exit_info.exception if exit_info else None,
         "complete": exit_info is not None,
         "steps": state.steps,
-        "elapsed_s": round(state.elapsed(), 3),
+        # without an exit, up to the recording's last word (a killed job's report does not grow with the clock)
+        "elapsed_s": round(state.elapsed(None if state.exit else _last_word(state)), 3),
         "steps_per_s": _round(state.steps_per_s(recent=False)) or 0.0,
         "samples_per_s": _round(state.samples_per_s(recent=False), 2),
         "phases": {
@@ -237,6 +238,12 @@ def status_line(state: RunState, now: float | None = None) -> str:
         f"{_fmt_rate(state.steps_per_s(), 'steps/s')} | {_fmt_rate(state.samples_per_s(), 'samples/s')} | "
         f"step {_fmt_ms(stats['step'].mean_ms)} ms | {shares or 'waiting for the first step'}{stalled}"
     )
+
+
+def _last_word(state: RunState) -> float | None:
+    """The time of the newest step or sample: where a recording without an exit ends."""
+    times = [t for t in (state.last_end, state.last_sample_t) if t is not None]
+    return max(times) if times else None
 
 
 def _no_exit(state: RunState) -> str:

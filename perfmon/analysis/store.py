@@ -86,6 +86,7 @@ class Store:
         self.recording_stopped = False  # the agent said its recording stopped: the stream has more than it
         self.agent_errors: dict[str, float] = {}
         self.host: HostSample | None = None
+        self.last_sample_t: float | None = None  # the newest telemetry sample's time
         self.gpus: list[GpuSample] = []
         self.cuda_mem: CudaMem | None = None
         self.model: ModelInfo | None = None
@@ -223,6 +224,8 @@ class Store:
     def _sample(self, m: Sample) -> None:
         t, peaks, series = m.t, self.peaks, self.series
         self.samples_seen += 1
+        if t is not None and (self.last_sample_t is None or t > self.last_sample_t):
+            self.last_sample_t = t
         if m.sampler_cpu_s is not None:
             self.sampler_cpu_s += m.sampler_cpu_s
         if m.interval_s is not None:
