@@ -1320,6 +1320,39 @@ def test_sigkill_to_training_process_is_recorded_by_the_monitor(background, env,
     assert json.loads((run / "summary.json").read_text())["signal"] == "SIGKILL"
 
 
+IGNORES_SIGINT = """
+import signal, time
+import torch
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(100000):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    if i == 3:
+        open("ready", "w").close()
+    time.sleep(0.01)
+"""
+
+
+def test_a_second_ctrl_c_says_it_went_past_what_python_does(background, env, tmp_path):
+    """A script that ignores SIGINT runs on after a Ctrl-C, as under plain python; the second one (SIGTERM) is
+    perfmon's own, and it says so instead of ending the job without a word."""
+    (tmp_path / "stubborn.py").write_text(IGNORES_SIGINT)
+    run = tmp_path / "run"
+    bg = background(["--headless", "--run-dir", str(run), "stubborn.py"], cwd=tmp_path)
+    bg.train_pid = hello_pid(run)
+    wait_for(lambda: (tmp_path / "ready").exists(), "training")
+    bg.popen.send_signal(signal.SIGINT)
+    first = len(events(run))
+    wait_for(lambda: len(events(run)) > first, "training on after the first Ctrl-C")
+    assert bg.popen.poll() is None
+    bg.popen.send_signal(signal.SIGINT)
+    assert bg.wait() == -signal.SIGTERM, bg.stderr
+    assert "[perfmon] Ctrl-C again: SIGTERM sent to the job" in bg.stderr
+
+
 def test_ctrl_c_on_perfmon_stops_the_job_like_python(background, env, tmp_path):
     run, gate = tmp_path / "run", tmp_path / "gate"
     bg = background(["--headless", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",

@@ -310,11 +310,12 @@ class TrainingProcess:
     def alive(self) -> bool:
         return self.poll() is None
 
-    def stop(self) -> None:
-        """Ask the job to stop: SIGINT first (KeyboardInterrupt), then SIGTERM, then SIGKILL."""
+    def stop(self) -> int:
+        """Ask the job to stop: SIGINT first (KeyboardInterrupt), then SIGTERM, then SIGKILL; returns the signal."""
         sig = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(self._stops, 2)]
         self._stops += 1
         self._signal(sig)
+        return sig
 
     def pause(self) -> None:
         """Stop the job where it is (Ctrl-Z on perfmon): SIGSTOP, since the kernel drops SIGTSTP's default stop
@@ -354,7 +355,12 @@ def signals_to(proc: TrainingProcess) -> Iterator[None]:
     plain python. The previous handlers come back after."""
 
     def stop(signum: int, frame: Any) -> None:
-        proc.stop()
+        sent = proc.stop()
+        if sent != signal.SIGINT:  # past what plain python does with a Ctrl-C: say so (os.write: a handler may
+            try:  # run inside a print of ours, and a buffered write there would raise "reentrant call")
+                os.write(2, f"\n[perfmon] Ctrl-C again: {signal.Signals(sent).name} sent to the job\n".encode())
+            except OSError:
+                pass
 
     def forward(signum: int, frame: Any) -> None:
         proc.forward(signum)
