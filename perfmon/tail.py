@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 
 class Tail:
@@ -33,24 +34,28 @@ class Tail:
         self._skipping = False  # started mid-line: drop bytes through the next newline
         self._partial = b""
         self._ino: int | None = None
+        self._file: BinaryIO | None = None
 
     def read(self, limit: int | None = None) -> bytes:
         """Bytes appended since the last call, at most ``limit`` (default ``max_read``); ``b""`` when
         there are none or the file is missing. A file that shrank or was replaced (another inode) is
-        read again from its start. (Use this or :meth:`lines`, not both: this skips their buffer.)"""
+        read again from its start; one that was deleted is still read to its end, from the open file (a script
+        that removes its output folder, the run dir in it, must not take what it printed with it). (Use this or
+        :meth:`lines`, not both: this skips their buffer.)"""
+        f = self._open()
+        if f is None:
+            return b""
         try:
-            with open(self.path, "rb") as f:
-                st = os.fstat(f.fileno())
-                if self._near_end is not None:  # the first read that finds the file decides where to start
-                    start = st.st_size - self._near_end
-                    # read from the byte before ``start``: if it ends a line, the line at ``start`` is kept
-                    self.offset, self._skipping = (start - 1, True) if start > 0 else (0, False)
-                    self._near_end = None
-                elif st.st_size < self.offset or (self._ino is not None and st.st_ino != self._ino):
-                    self.offset, self._partial, self._skipping = 0, b"", False  # truncated or replaced
-                self._ino = st.st_ino
-                f.seek(self.offset)
-                data = f.read(self.max_read if limit is None else limit)
+            st = os.fstat(f.fileno())
+            if self._near_end is not None:  # the first read that finds the file decides where to start
+                start = st.st_size - self._near_end
+                # read from the byte before ``start``: if it ends a line, the line at ``start`` is kept
+                self.offset, self._skipping = (start - 1, True) if start > 0 else (0, False)
+                self._near_end = None
+            elif st.st_size < self.offset:
+                self.offset, self._partial, self._skipping = 0, b"", False  # truncated
+            f.seek(self.offset)
+            data = f.read(self.max_read if limit is None else limit)
         except OSError:
             return b""
         self.offset += len(data)
@@ -58,6 +63,32 @@ class Tail:
             _, newline, data = data.partition(b"\n")
             self._skipping = not newline
         return data
+
+    def _open(self) -> BinaryIO | None:
+        """The file, kept open: the one at the path, or the deleted one read so far (None: there is none)."""
+        try:
+            ino: int | None = os.stat(self.path).st_ino
+        except OSError:
+            ino = None  # gone (or not there yet): what is open is still read
+        if self._file is not None and ino is not None and ino != self._ino:  # replaced: the new one from its start
+            self.close()
+            self.offset, self._partial, self._skipping = 0, b"", False
+        if self._file is None and ino is not None:
+            try:
+                self._file = open(self.path, "rb")  # noqa: SIM115 - held across reads, closed by close()
+                self._ino = os.fstat(self._file.fileno()).st_ino
+            except OSError:
+                self._file = None
+        return self._file
+
+    def close(self) -> None:
+        """Let go of the file."""
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
 
     def lines(self, limit: int | None = None) -> list[bytes]:
         """Complete lines (without their newline) appended since the last call, from at most ``limit``

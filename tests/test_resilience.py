@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -388,3 +389,36 @@ def test_a_child_the_script_leaves_running_does_not_keep_perfmon_waiting(env, tm
         assert json.loads((run / "summary.json").read_text())["steps"] == 5
     finally:
         gate.touch()  # the child ends
+
+
+REMOVES_ITS_OUTPUT_DIR = """
+import os, shutil, time
+import torch
+shutil.rmtree("out", ignore_errors=True)  # a fresh output folder, as many scripts make one
+os.makedirs("out")
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(20):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    if i % 5 == 0:
+        print("step", i, flush=True)
+        time.sleep(0.2)
+print("done")
+"""
+
+
+def test_a_script_that_removes_the_run_dir_keeps_its_output_and_is_told(env, tmp_path):
+    """The run dir inside the folder the script clears at start: its stdout (a file in the run dir, read by path)
+    was lost whole; it is read from the open file now, and perfmon says the recording went with the folder."""
+    script = tmp_path / "rmout.py"
+    script.write_text(REMOVES_ITS_OUTPUT_DIR)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env,
+                           cwd=tmp_path)
+    shutil.rmtree(tmp_path / "out")
+    res = subprocess.run([*PERFMON, "--headless", "--run-dir", "out/perfmon", str(script)], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=tmp_path)
+    assert plain.returncode == res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout == plain.stdout == "step 0\nstep 5\nstep 10\nstep 15\ndone\n"
+    assert "was removed while the job ran" in res.stderr and re.search(r"^  steps     20 in ", res.stderr, re.M)

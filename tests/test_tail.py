@@ -255,3 +255,20 @@ def test_perfmon_lines_start_below_a_line_the_script_left_open(tmp_path: Path, m
         f.write(b"epoch 2 ")
     shared.pump()
     assert shared.fresh_line() == "\n" and shared.fresh_line() == ""
+
+
+def test_a_deleted_file_is_still_read_to_its_end_and_a_new_one_from_its_start(tmp_path: Path) -> None:
+    """The script's output file removed under it (a script that clears its output folder): what it writes on
+    into the open file is still read; a new file at the path is read from its start."""
+    path = tmp_path / "output.log"
+    writer = open(path, "ab", buffering=0)  # noqa: SIM115 - the script's fd 1
+    tail = Tail(path)
+    writer.write(b"one\n")
+    assert tail.lines() == [b"one"]
+    path.unlink()
+    writer.write(b"two\n")
+    assert tail.lines() == [b"two"]
+    path.write_bytes(b"fresh\n")  # another file at the path
+    assert tail.lines() == [b"fresh"]
+    writer.close()
+    tail.close()

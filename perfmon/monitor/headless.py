@@ -195,6 +195,9 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             summary = finalize_recording(proc.run_dir, state, returncode, rules)
             if summary is not SUMMARY_FAILED:
                 print_summary(lambda: format_summary(state, summary), proc.run_dir, err, fresh())
+            if not (proc.run_dir / "events.jsonl").exists():
+                print(f"perfmon: the run dir {proc.run_dir} was removed while the job ran (by the script?): its "
+                      "recording went with it; the summary above is from the live stream", file=err, flush=True)
         if exports is not None:
             exports.close()
         return exit_status(returncode)
