@@ -1400,6 +1400,7 @@ def test_monitor_killed_training_goes_on_and_recording_completes(background, env
     pytest.param(["--headless", "--sample-interval", "1e-9", "demos/loops/crash.py"], id="tiny_sampling"),
     pytest.param(["--headless", "--profile-interval", "-3", "demos/loops/crash.py"], id="negative_profile"),
     pytest.param(["--headless", "--peak-tflops", "-1", "demos/loops/crash.py"], id="negative_peak"),
+    pytest.param(["--headless", "--python", "/bin/false", "demos/loops/crash.py"], id="not_a_python"),
     pytest.param(["--headless", "demos"], id="directory"),
     pytest.param(["--headless", "python", "-u", "demos/loops/crash.py"], id="python_option"),
 ])

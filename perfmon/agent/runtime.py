@@ -459,7 +459,8 @@ class Agent:
     def _report_recording_error(self) -> None:
         if self.recorder.error and not self._warned_recording:
             self._warned_recording = True
-            say(f"perfmon: {self.recorder.error}")
+            if not paths.launched_alone():  # else the launcher says it, from the warning below: once
+                say(f"perfmon: {self.recorder.error}")
             self.errors["recording"] = self.errors.get("recording", 0) + 1
             # published by the publisher thread with a seq of its own (monitors drop a line whose seq they had)
             self.warn(self.recorder.error)

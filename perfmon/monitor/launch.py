@@ -151,7 +151,7 @@ def check_interpreter(python: str) -> None:
     except subprocess.TimeoutExpired:
         return  # a slow interpreter: let the job start and speak for itself
     if probe.returncode != 0:
-        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        last = (probe.stderr.strip().splitlines() or [f"it exited {probe.returncode} without a word: is it python?"])[-1]
         if "No module named" in last and "perfmon" in last:
             raise LaunchError(f"--python {python} has no perfmon installed: {exe} -m pip install perfmon "
                               "(or this checkout: pip install -e PATH)")
