@@ -234,6 +234,20 @@ async def test_help_screen(tmp_path: Path) -> None:
         assert app.is_running
 
 
+@pytest.mark.parametrize("running", [True, False], ids=["running", "finished"])
+async def test_help_says_which_keys_act_only_while_the_job_runs(tmp_path: Path, running: bool) -> None:
+    """Help on a finished run (or a replay) listed p, c, f, m and d as if they worked there; they do nothing."""
+    app = make_app(tmp_path, exit=None, process=True) if running else make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        rows = dict((keys, text) for keys, text in app.key_help())
+        not_here = {keys for keys, text in rows.items() if text.endswith("(live job only)")}
+        assert not_here == (set() if running else {"d", "p", "c", "f", "m"})
+        assert not rows["e"].endswith("only)")  # the monitor exports from what it has: here too
+        if running:
+            app.process.end(0)
+
+
 async def test_q_on_finished_run_quits(tmp_path: Path) -> None:
     app = make_app(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:

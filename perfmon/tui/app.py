@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 from typing import Any, cast
 
+from textual.actions import parse as parse_action
 from textual.binding import Binding
 
 from perfmon import protocol
@@ -62,7 +63,7 @@ KEYS: list[Binding] = [
     Binding("right_square_bracket", "replay('seek_end')", "End", key_display="]", group=REPLAY_GROUP,
             tooltip="replay: jump to the end"),
 ]
-SCROLL_HELP = ("↑↓ PgUp PgDn Home End", "scroll the output, move in findings")
+SCROLL_HELP = ("↑↓←→ PgUp PgDn Home End", "scroll the output (←→: its long lines), move in findings")
 ENTER_HELP = ("Enter", "findings: open or close evidence and fix")
 
 
@@ -270,7 +271,11 @@ class PerfmonApp(DashboardShell):
                 continue  # one row, and only in a replay
             if self.job is None and binding.action in ("next_rank", f"view('{RANKS_VIEW[0]}')"):
                 continue
-            keys, text = seen.setdefault(binding.action, ([], binding.tooltip or binding.description))
+            text = binding.tooltip or binding.description
+            _, action, params = parse_action(binding.action)
+            if action in ("command", "detach") and not self.check_action(action, params):
+                text += " (live job only)"  # a replay, a finished job
+            keys, _ = seen.setdefault(binding.action, ([], text))
             keys.append(binding.key_display or binding.key)
         rows = [(", ".join(keys), text) for keys, text in seen.values()]
         replay = [REPLAY_HELP] if self.mode.player is not None else []
