@@ -135,7 +135,7 @@ def test_commands_are_frozen_and_hashable():
 
 def _fake_commands(tmp_path: Path) -> Commands:
     agent = SimpleNamespace(run_dir=tmp_path, enabled=True, record_error=lambda where, exc: pytest.fail(f"{where}"),
-                            publish=lambda msg: None, tracker=SimpleNamespace(count=0), instrumentation=object())
+                            publish=lambda msg: None, tracker=SimpleNamespace(count=0), instrumentation=SimpleNamespace(runs_compiled=lambda: False))
     return Commands(agent, {})
 
 
@@ -231,7 +231,7 @@ def _profiling_commands(tmp_path: Path, **config: Any) -> tuple[Commands, list[d
     published: list[dict[str, Any]] = []
     warned: list[str] = []
     agent = SimpleNamespace(run_dir=tmp_path, enabled=True, record_error=lambda where, exc: pytest.fail(f"{where}"),
-                            publish=published.append, warn=warned.append, instrumentation=object())
+                            publish=published.append, warn=warned.append, instrumentation=SimpleNamespace(runs_compiled=lambda: False))
     return Commands(agent, {"wait": 0, "warmup": 1, "active": 3, **config}), published, warned
 
 
