@@ -12,6 +12,27 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+#: Files opened when they were made (the launcher's output files), for the tails of this process: a script that
+#: removes its run dir before a tail first looks (``rmtree`` of its output folder before ``import torch``) leaves
+#: them still readable.
+_held: dict[str, BinaryIO] = {}
+
+
+def hold(path: Path) -> None:
+    """Keep ``path`` open for the tails of this process, which then read it even after it is deleted."""
+    try:
+        _held[os.path.abspath(path)] = open(path, "rb")  # noqa: SIM115 - held for the life of the process
+    except OSError:
+        pass
+
+
+def _reopen(held: BinaryIO) -> BinaryIO:
+    """A file description of its own on a held file (its own offset), deleted or not."""
+    try:
+        return open(f"/proc/self/fd/{held.fileno()}", "rb")  # noqa: SIM115 - Linux: works for a deleted file
+    except OSError:
+        return os.fdopen(os.dup(held.fileno()), "rb")
+
 
 class Tail:
     """New bytes or complete lines of a growing file, from where the last read left off.
@@ -73,10 +94,15 @@ class Tail:
         if self._file is not None and ino is not None and ino != self._ino:  # replaced: the new one from its start
             self.close()
             self.offset, self._partial, self._skipping = 0, b"", False
-        if self._file is None and ino is not None:
+        if self._file is None:
+            held = _held.get(os.path.abspath(self.path))
             try:
-                self._file = open(self.path, "rb")  # noqa: SIM115 - held across reads, closed by close()
-                self._ino = os.fstat(self._file.fileno()).st_ino
+                if held is not None and (ino is None or os.fstat(held.fileno()).st_ino == ino):
+                    self._file = _reopen(held)  # the file made for it, though the path may be gone
+                elif ino is not None:
+                    self._file = open(self.path, "rb")  # noqa: SIM115 - held across reads, closed by close()
+                if self._file is not None:
+                    self._ino = os.fstat(self._file.fileno()).st_ino
             except OSError:
                 self._file = None
         return self._file

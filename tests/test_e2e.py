@@ -1349,7 +1349,7 @@ def test_a_second_ctrl_c_says_it_went_past_what_python_does(background, env, tmp
     wait_for(lambda: len(events(run)) > first, "training on after the first Ctrl-C")
     assert bg.popen.poll() is None
     bg.popen.send_signal(signal.SIGINT)
-    assert bg.wait() == -signal.SIGTERM, bg.stderr
+    assert bg.wait() == 143, bg.stderr  # perfmon's own SIGTERM: an exit status, not re-raised on perfmon
     assert "[perfmon] Ctrl-C again: SIGTERM sent to the job" in bg.stderr
 
 

@@ -24,6 +24,9 @@ def test_exit_status_is_the_shells_and_keeps_the_signal(returncode, status, died
     got = exit_status(returncode)
     assert got == status
     assert (got.signum if isinstance(got, DiedOf) else None) == died_of
+    # a signal perfmon escalated to itself (a repeated stop) is a status: dying of SIGKILL reads as the OOM killer
+    own = exit_status(returncode, sent={signal.SIGTERM, signal.SIGKILL})
+    assert own == status and isinstance(own, DiedOf) == (died_of not in (None, signal.SIGTERM, signal.SIGKILL))
 
 
 def _exit_like(status: str) -> subprocess.CompletedProcess[str]:

@@ -393,9 +393,9 @@ def test_a_child_the_script_leaves_running_does_not_keep_perfmon_waiting(env, tm
 
 REMOVES_ITS_OUTPUT_DIR = """
 import os, shutil, time
-import torch
-shutil.rmtree("out", ignore_errors=True)  # a fresh output folder, as many scripts make one
+shutil.rmtree("out", ignore_errors=True)  # a fresh output folder, as many scripts make one, before any tail looks
 os.makedirs("out")
+import torch
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for i in range(20):

@@ -51,9 +51,13 @@ def keep_going_on_full_disk(on_first_loss: Callable[[], None]) -> None:
                 continue
             old.flush()
             raw = _KeepGoing(fd, "w", closefd=False)
-            new = io.TextIOWrapper(io.BufferedWriter(raw), encoding=old.encoding, errors=old.errors,
+            raw.name = getattr(old.buffer, "name", fd)  # "<stdout>", as python names it
+            # unbuffered where python's was (PYTHONUNBUFFERED=1, -u: the binary layer is the FileIO itself)
+            binary = raw if isinstance(old.buffer, io.FileIO) else io.BufferedWriter(raw)
+            new = io.TextIOWrapper(binary, encoding=old.encoding, errors=old.errors,  # type: ignore[arg-type]
                                    line_buffering=old.line_buffering, write_through=old.write_through)
-        except (OSError, ValueError):
+            new.mode = getattr(old, "mode", "w")  # type: ignore[misc]
+        except (OSError, ValueError, AttributeError):
             continue  # a closed or odd stream: left as it is
         _replaced.append(old)
         setattr(sys, name, new)

@@ -222,12 +222,13 @@ class Agent:
         if self.sampler is not None:
             self.sampler.stop()
         self._join_publisher()
-        if self.instrumentation is not None and self.meta.get("cuda") is None:  # torch came in after the last tick
-            try:
+        if "torch" in sys.modules and self.meta.get("cuda") is None:  # torch came in after the last tick
+            try:  # cuda stops being None: the report tells a job that never imported torch from one without steps
                 self.meta["cuda"] = bool(sys.modules["torch"].cuda.is_available())
-                self.publish(protocol.message("hello", **self.meta))
             except Exception as exc:  # noqa: BLE001 - still record the exit
+                self.meta["cuda"] = False
                 self.record_error("cuda", exc)
+            self.publish(protocol.message("hello", **self.meta))
         try:
             if self._flush_lock.acquire(timeout=STALL_S):
                 try:

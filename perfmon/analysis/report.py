@@ -243,7 +243,7 @@ def status_line(state: RunState, now: float | None = None) -> str:
 def _last_word(state: RunState) -> float | None:
     """The time of the newest step or sample: where a recording without an exit ends."""
     times = [t for t in (state.last_end, state.last_sample_t) if t is not None]
-    return max(times) if times else None
+    return max(times) if times else state.meta.start
 
 
 def _no_exit(state: RunState) -> str:

@@ -31,7 +31,7 @@ def _early_exit(proc: TrainingProcess) -> int:
             stream.flush()
         except OSError:
             pass
-    return exit_status(returncode)
+    return exit_status(returncode, proc.escalated)
 
 
 def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: Any = None) -> int:
@@ -73,7 +73,7 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     hint = stdin_hint(state.exit.exception if state.exit else None)
     if hint:
         print(f"perfmon: {hint}", file=sys.stderr)
-    return exit_status(returncode)
+    return exit_status(returncode, proc.escalated)
 
 
 def _follow_spawned(proc: TrainingProcess, state: RunState, source: Any, rules: Config | None,
@@ -161,4 +161,4 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
     if summary is not SUMMARY_FAILED:
         print_summary(lambda: f"perfmon: {job_status(job) if summary else 'no rank recorded anything'}; run dir "
                       f"{proc.run_dir}", proc.run_dir, sys.stderr)
-    return exit_status(returncode)
+    return exit_status(returncode, proc.escalated)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Collection
 from typing import NoReturn
 
 # Signals whose default action dumps core: perfmon re-raising one must not leave a core file of its own.
@@ -25,9 +26,13 @@ class DiedOf(int):
         return status
 
 
-def exit_status(returncode: int) -> int:
-    """What perfmon exits with for a job that ended with ``returncode`` (Popen's: -N for signal N)."""
-    return DiedOf(-returncode) if returncode < 0 else returncode
+def exit_status(returncode: int, sent: Collection[int] = ()) -> int:
+    """What perfmon exits with for a job that ended with ``returncode`` (Popen's: -N for signal N). A signal that
+    perfmon ``sent`` on its own (the SIGTERM, then SIGKILL, of a repeated stop) is an exit status, 128+N: perfmon
+    dying of SIGKILL would read as an out-of-memory kill."""
+    if returncode >= 0:
+        return returncode
+    return 128 - returncode if -returncode in sent else DiedOf(-returncode)
 
 
 def exit_like(status: int) -> NoReturn:

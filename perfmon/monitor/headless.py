@@ -200,4 +200,4 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
                       "recording went with it; the summary above is from the live stream", file=err, flush=True)
         if exports is not None:
             exports.close()
-        return exit_status(returncode)
+        return exit_status(returncode, proc.escalated)

@@ -172,4 +172,4 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
                 print_summary(lambda: format_job_summary(job, summary), proc.run_dir, err, fresh())
             elif summary is None:
                 print(f"{fresh()}perfmon: no rank recorded anything (see {paths.stderr_log(proc.run_dir)})", file=err, flush=True)
-        return exit_status(returncode)
+        return exit_status(returncode, proc.escalated)

@@ -28,6 +28,7 @@ from perfmon import paths, protocol
 from perfmon.analysis.state import RunState
 from perfmon.monitor.host_feed import HostFeed
 from perfmon.recording import ends_with_exit, tail_bytes
+from perfmon.tail import hold as hold_for_tails
 
 
 class LaunchError(Exception):
@@ -200,6 +201,8 @@ class TrainingProcess:
         self.popen: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
         self._stops = 0
+        #: signals perfmon itself escalated to (a repeated stop): the job dying of one is not re-raised on perfmon
+        self.escalated: set[int] = set()
         #: Where the job's socket and discovery file go (chosen at start); None: no socket at all.
         self.runtime_dir: Path | None = None
         self._private_runtime: Path | None = None  # made for this job alone; removed when it ends
@@ -260,6 +263,8 @@ class TrainingProcess:
             except OSError:
                 log.close()
                 raise
+            for name in (paths.OUTPUT_LOG, paths.STDERR_LOG):  # readable here whatever the script deletes
+                hold_for_tails(self.run_dir / name)
         except OSError as exc:
             raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
         env = dict(os.environ, **self.extra_env, PERFMON_RUN_DIR=str(self.run_dir.resolve()),
@@ -314,6 +319,8 @@ class TrainingProcess:
         """Ask the job to stop: SIGINT first (KeyboardInterrupt), then SIGTERM, then SIGKILL; returns the signal."""
         sig = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[min(self._stops, 2)]
         self._stops += 1
+        if sig != signal.SIGINT:  # a Ctrl-C is what plain python gets too; these are perfmon's own
+            self.escalated.add(sig)
         self._signal(sig)
         return sig
 
@@ -330,6 +337,8 @@ class TrainingProcess:
         script run by plain python, the script's own handler included. perfmon never escalates it. To the job's
         process only, as ``kill PID`` is: its DataLoader workers (or a launcher's ranks) die of a SIGTERM that
         reaches them, and the script with them, where its handler would have saved and exited 0."""
+        if self.poll() is not None:
+            return  # reaped: its pid may be another process's by now
         try:
             os.kill(self.pid, sig)
         except (ProcessLookupError, PermissionError):
