@@ -63,7 +63,8 @@ KEYS: list[Binding] = [
     Binding("right_square_bracket", "replay('seek_end')", "End", key_display="]", group=REPLAY_GROUP,
             tooltip="replay: jump to the end"),
 ]
-SCROLL_HELP = ("↑↓←→ PgUp PgDn Home End", "scroll the output (←→: its long lines), move in findings")
+LIVE_ONLY = "act on a running job: not in a replay or after the job ended"
+SCROLL_HELP = ("↑↓ PgUp PgDn Home End", "scroll the output (←→ sideways), move in findings")
 ENTER_HELP = ("Enter", "findings: open or close evidence and fix")
 
 
@@ -262,6 +263,7 @@ class PerfmonApp(DashboardShell):
     def key_help(self) -> list[tuple[str, str]]:
         """(keys, description) per action (per group for the view keys), from :data:`KEYS`, plus scrolling."""
         seen: dict[str, tuple[list[str], str]] = {}
+        dead: list[str] = []  # keys that act on a running job, where there is none
         for binding in KEYS:
             if binding.group is VIEW_GROUP:
                 keys, _ = seen.setdefault("views", ([], ", ".join(label for _, label in VIEWS)))
@@ -271,12 +273,12 @@ class PerfmonApp(DashboardShell):
                 continue  # one row, and only in a replay
             if self.job is None and binding.action in ("next_rank", f"view('{RANKS_VIEW[0]}')"):
                 continue
-            text = binding.tooltip or binding.description
             _, action, params = parse_action(binding.action)
             if action in ("command", "detach") and not self.check_action(action, params):
-                text += " (live job only)"  # a replay, a finished job
-            keys, _ = seen.setdefault(binding.action, ([], text))
+                dead.append(binding.key_display or binding.key)  # a replay, a finished job: said in one row
+            keys, _ = seen.setdefault(binding.action, ([], binding.tooltip or binding.description))
             keys.append(binding.key_display or binding.key)
         rows = [(", ".join(keys), text) for keys, text in seen.values()]
         replay = [REPLAY_HELP] if self.mode.player is not None else []
-        return [*rows, *replay, ENTER_HELP, SCROLL_HELP]
+        not_here = [(", ".join(dead), LIVE_ONLY)] if dead else []
+        return [*rows, *not_here, *replay, ENTER_HELP, SCROLL_HELP]
