@@ -1137,37 +1137,24 @@ def on_term(sig, frame):
 
 #: The same, fetching from a DataLoader's worker processes: a SIGTERM that reached them too (a signal to the job's
 #: process group) killed them, and the script died of "DataLoader worker (pid N) is killed by signal: Terminated".
-PREEMPTIBLE_WORKERS = """
-import signal, sys, time
-import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-stop = False
-def on_term(sig, frame):
-    global stop
-    stop = True
-def on_usr1(sig, frame):
-    print("preemption notice", flush=True)
-    open("usr1", "w").close()
-signal.signal(signal.SIGTERM, on_term)
-signal.signal(signal.SIGUSR1, on_usr1)
+PREEMPTIBLE_WORKERS = PREEMPTIBLE.replace("""model = nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+steps = 0
+while not stop:
+    opt.zero_grad()
+    model(torch.randn(4, 8)).sum().backward()
+""", """from torch.utils.data import DataLoader, TensorDataset
 model = nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 steps = 0
 for x, y in DataLoader(TensorDataset(torch.randn(100000, 8), torch.randn(100000, 1)), batch_size=4, num_workers=2):
     opt.zero_grad()
     nn.functional.mse_loss(model(x), y).backward()
-    opt.step()
-    steps += 1
-    if steps == 3:
-        open("ready", "w").close()
-    time.sleep(0.05)
+""").replace("""    time.sleep(0.01)
+""", """    time.sleep(0.05)
     if stop:
         break
-torch.save(model.state_dict(), "ckpt.pt")
-print(f"checkpoint saved after {steps} steps", flush=True)
-sys.exit(0)
-"""
+""")
 
 
 @pytest.mark.parametrize("script", [PREEMPTIBLE, PREEMPTIBLE_CHAINING, PREEMPTIBLE_WORKERS],
@@ -1176,7 +1163,8 @@ def test_sigterm_and_sigusr1_to_perfmon_reach_the_scripts_own_handlers(backgroun
     """`kill PID`, `timeout`, `docker stop` or a scheduler signal perfmon, not the job: SIGTERM and SIGUSR1 go on to
     the job's process as they are (not to its children), so its handlers run as under plain python (a checkpoint,
     exit 0), never a KeyboardInterrupt."""
-    assert "previous(sig, frame)" in PREEMPTIBLE_CHAINING
+    assert "previous(sig, frame)" in PREEMPTIBLE_CHAINING and "num_workers=2" in PREEMPTIBLE_WORKERS
+    assert "if stop:" in PREEMPTIBLE_WORKERS
     (tmp_path / "preempt.py").write_text(script)
     run = tmp_path / "run"
     bg = background(["--headless", "--interval", "0.3", "--run-dir", str(run), "preempt.py"], cwd=tmp_path)

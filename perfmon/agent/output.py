@@ -35,10 +35,6 @@ class _KeepGoing(io.FileIO):
             return n
 
 
-#: The streams replaced: kept so that they are never collected (they do not own their fd, but keep it simple).
-_replaced: list[io.TextIOBase] = []
-
-
 def keep_going_on_full_disk(on_first_loss: Callable[[], None]) -> None:
     """Re-open ``sys.stdout`` and ``sys.stderr`` (when they are fds 1 and 2) on writers that drop what a full disk
     refuses instead of raising it into the script; ``on_first_loss`` is called once, at the first dropped write.
@@ -59,7 +55,6 @@ def keep_going_on_full_disk(on_first_loss: Callable[[], None]) -> None:
             new.mode = getattr(old, "mode", "w")  # type: ignore[misc]
         except (OSError, ValueError, AttributeError):
             continue  # a closed or odd stream: left as it is
-        _replaced.append(old)
-        setattr(sys, name, new)
+        setattr(sys, name, new)  # the old stream does not own its fd (python's std streams never do): no close
         if getattr(sys, f"__{name}__") is old:
             setattr(sys, f"__{name}__", new)

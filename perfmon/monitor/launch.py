@@ -337,16 +337,13 @@ class TrainingProcess:
         script run by plain python, the script's own handler included. perfmon never escalates it. To the job's
         process only, as ``kill PID`` is: its DataLoader workers (or a launcher's ranks) die of a SIGTERM that
         reaches them, and the script with them, where its handler would have saved and exited 0."""
-        if self.poll() is not None:
-            return  # reaped: its pid may be another process's by now
-        try:
-            os.kill(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.poll() is None:  # once reaped, its pid may be another process's
+            self._signal(sig, group=False)
 
-    def _signal(self, sig: int) -> None:
+    def _signal(self, sig: int, group: bool = True) -> None:
+        """``sig`` to the job's process group (a stop, as a terminal's Ctrl-C), or to its process alone."""
         try:
-            os.killpg(self.pid, sig)
+            (os.killpg if group else os.kill)(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
 
