@@ -532,7 +532,7 @@ def _main(argv: list[str] | None = None) -> int:
         args.headless = True
     try:
         proc = TrainingProcess(target, run_dir, args.python, env, inherit_stdin=args.headless,
-                               combined_output=args.headless and same_destination()).start()
+                               combined_output=same_destination()).start()
     except LaunchError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2

@@ -1048,6 +1048,34 @@ def test_stdout_and_stderr_into_one_log_keep_the_order_the_script_wrote_them(env
     assert report(run, env)["steps"] == 12
 
 
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux to run the dashboard in a terminal")
+def test_the_dashboards_output_panel_shows_stdout_and_stderr_in_the_order_written(env, tmp_path):
+    """In a terminal perfmon's stdout and stderr are one: the script's two streams share ``RUN/output.log`` and
+    the panel shows them as the script wrote them (from two files, a poll's worth of one came before the other's)."""
+    script, gate, run = tmp_path / "interleaved.py", tmp_path / "gate", tmp_path / "run"
+    script.write_text(INTERLEAVED_SCRIPT + f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n"
+                      "    time.sleep(0.05)\n")
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]  # a tmux server of its own
+    subprocess.run([*tmux, "new-session", "-d", "-s", "pm", "-x", "120", "-y", "40",
+                    f"cd {tmp_path} && {' '.join(PERFMON)} --run-dir {run} {script}; sleep 60"], env=env, check=True)
+
+    def panel() -> list[str]:
+        text = subprocess.run([*tmux, "capture-pane", "-p", "-t", "pm"], capture_output=True, text=True).stdout
+        return re.findall(r"\b((?:out|err) \d+)\b", text)
+
+    try:
+        shown = wait_for(lambda: (lines := panel()) and lines[-1] == "err 11" and lines, "the script's last line")
+        written = [f"{stream} {i}" for i in range(12) for stream in ("out", "err")]
+        assert len(shown) >= 4 and shown == written[-len(shown):], shown
+        assert not (run / "stderr.log").exists()
+        assert (run / "output.log").read_text().splitlines() == written
+        gate.touch()
+        wait_for(lambda: '"kind":"exit"' in (run / "events.jsonl").read_text(), "the job's end")
+    finally:
+        gate.touch()
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
 #: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
 #: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
 TORCH_LOOKED_UP_FIRST = """

@@ -11,6 +11,7 @@ from torch.utils.data import Dataset
 def args(default_steps: int = 150) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=default_steps)
+    p.add_argument("--seconds", type=float, default=0.0, help="train at least this long (where the demo reads it)")
     return p.parse_args()
 
 

@@ -59,7 +59,7 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
         print(
             f"perfmon: detached; training continues as pid {proc.pid}\n"
             f"  come back: perfmon attach {proc.pid}\n"
-            f"  output:    {proc.run_dir / paths.OUTPUT_LOG}, {paths.STDERR_LOG}\n"
+            f"  output:    {proc.output_files()}\n"
             f"  recording: {proc.run_dir / 'events.jsonl'}  (perfmon report {proc.run_dir})",
             file=sys.stderr,
         )
@@ -150,7 +150,7 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
     if outcome == "detached" and proc.alive():
         print(f"perfmon: detached; the job continues ({launcher} pid {proc.pid})\n"
               f"  come back: perfmon attach {proc.run_dir}\n"
-              f"  output:    {proc.run_dir / paths.OUTPUT_LOG}, {paths.STDERR_LOG}\n"
+              f"  output:    {proc.output_files()}\n"
               f"  recording: {proc.run_dir}/rank-*/events.jsonl  (perfmon report {proc.run_dir})", file=sys.stderr)
         return 0
     returncode = _wait_for_job(proc, outcome, f"the job ({launcher} pid {proc.pid})")

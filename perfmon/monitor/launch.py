@@ -249,6 +249,12 @@ class TrainingProcess:
             shutil.rmtree(self._private_runtime, ignore_errors=True)
             self._private_runtime = None
 
+    def output_files(self) -> str:
+        """Where the script's stdout and stderr go, as a user reads it."""
+        if self.combined_output:
+            return f"{self.run_dir / paths.OUTPUT_LOG} (stdout and stderr)"
+        return f"{self.run_dir / paths.OUTPUT_LOG}, {paths.STDERR_LOG}"
+
     def start(self) -> TrainingProcess:
         if (self.run_dir / "events.jsonl").exists() or any(
                 (d / "events.jsonl").exists() for _, d in paths.rank_dirs(self.run_dir)):
