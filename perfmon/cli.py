@@ -16,6 +16,7 @@ import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -329,8 +330,36 @@ def _attach(argv: list[str]) -> int:
         print(f"perfmon: detached; training continues as pid {run['pid']}\n"
               f"  come back:  perfmon attach {run['pid']}", file=sys.stderr)
     elif outcome == "stopped":
-        print(f"perfmon: SIGINT sent to pid {run['pid']} through its agent (like Ctrl-C)", file=sys.stderr)
+        print(f"perfmon: SIGINT sent to pid {run['pid']} through its agent (like Ctrl-C); waiting for it to end "
+              f"(Ctrl-C stops waiting)", file=sys.stderr, flush=True)
+        print(_after_stop(int(run["pid"]), Path(run["run_dir"])), file=sys.stderr)
     return 0
+
+
+#: how long ``perfmon attach`` waits for a job it stopped to end before it says so and leaves it
+STOP_WAIT_S = 30.0
+
+
+def _after_stop(pid: int, run_dir: Path, wait_s: float = STOP_WAIT_S) -> str:
+    """Wait (at most ``wait_s``) for a job stopped from an attached dashboard to end; say how it ended, as its
+    recording has it, or that it runs on (a script may catch KeyboardInterrupt, save and go on)."""
+    from perfmon.analysis.report import load_recording
+
+    deadline = time.monotonic() + wait_s
+    try:
+        while paths.pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        pass
+    if paths.pid_alive(pid):
+        return (f"perfmon: pid {pid} still runs after the SIGINT (the script may catch KeyboardInterrupt); "
+                f"perfmon attach {pid} to follow it, kill {pid} to end it")
+    try:
+        state = load_recording(run_dir)
+    except Exception:  # noqa: BLE001 - a recording gone or unreadable: the job's end is still worth saying
+        return f"perfmon: pid {pid} ended"
+    how = state.status if state.exit else "no exit recorded"
+    return f"perfmon: pid {pid} ended ({how}) after {state.steps} steps; perfmon report {run_dir}"
 
 
 def _attach_job(run: dict, metrics: Any = None) -> int:

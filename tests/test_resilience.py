@@ -126,6 +126,49 @@ def test_attach_without_a_terminal_says_so_and_leaves_the_job_alone(env, tmp_pat
             mon.kill()
 
 
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux to run the dashboard in a terminal")
+def test_a_job_stopped_from_an_attached_dashboard_is_waited_for_and_its_end_said(env, tmp_path):
+    """q, s in ``perfmon attach``: the job's agent delivers SIGINT; perfmon waits for the job to end and says how
+    (it used to exit at once, saying only that the signal was sent)."""
+    run_dir = tmp_path / "run"
+    mon = subprocess.Popen([*PERFMON, "--headless", "--run-dir", str(run_dir), str(LOOPS / "fast_steps.py"),
+                            "--seconds", "120"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]  # a tmux server of its own
+    try:
+        hello = wait_until(lambda: (run_dir / "events.jsonl").exists() and (run_dir / "events.jsonl").read_text()
+                           .split("\n", 1)[0], what="the recording")
+        pid = json.loads(hello)["pid"]
+        wait_until(lambda: '"type":"steps"' in (run_dir / "events.jsonl").read_text(), what="the first steps")
+        subprocess.run([*tmux, "new-session", "-d", "-s", "pm", "-x", "120", "-y", "40",
+                        f"{' '.join(PERFMON)} attach {pid}; sleep 60"], env=env, check=True)
+
+        def screen() -> str:
+            return subprocess.run([*tmux, "capture-pane", "-p", "-J", "-t", "pm"], capture_output=True,
+                                  text=True).stdout
+
+        wait_until(lambda: "steps/s" in screen(), what="the dashboard")
+        subprocess.run([*tmux, "send-keys", "-t", "pm", "q"])
+        wait_until(lambda: "stop training" in screen(), what="the quit dialog")
+        subprocess.run([*tmux, "send-keys", "-t", "pm", "s"])
+        said = wait_until(lambda: re.search(rf"pid {pid} ended \((.*)\) after (\d+) steps", screen()),
+                          what="the job's end, said")
+        assert mon.wait(timeout=60) == -signal.SIGINT  # perfmon ends as its job did: of the SIGINT
+        assert said[1] == "killed by SIGINT" and int(said[2]) == json.loads(
+            (run_dir / "summary.json").read_text())["steps"] > 0, screen()
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        if mon.poll() is None:
+            mon.kill()
+
+
+def test_a_stopped_job_that_runs_on_or_left_no_recording_is_said_so(tmp_path):
+    from perfmon.cli import _after_stop
+
+    said = _after_stop(os.getpid(), tmp_path, wait_s=0.2)  # a script that catches KeyboardInterrupt and goes on
+    assert said.startswith(f"perfmon: pid {os.getpid()} still runs after the SIGINT") and f"kill {os.getpid()}" in said
+    assert _after_stop(2**22 + 12345, tmp_path, wait_s=0.2) == f"perfmon: pid {2**22 + 12345} ended"
+
+
 def test_report_of_newer_schema_or_empty_dir_is_a_clear_error(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
