@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,10 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     app = PerfmonApp(state, source, proc.run_dir, proc, rules=rules)
     if exports is not None:
         exports.watch(app.lock, lambda: app.state, cfg=rules, send=source.send)
+    early = EarlySummary(proc, app, rules)
+    early.start()
     app.run()
+    early.cancel()
     outcome = getattr(app, "outcome", "quit")
     if outcome == SPAWNED and app.spawned_job is not None:  # the script's ranks, as a job, from here
         return _follow_spawned(proc, state, source, rules, exports, app.spawned_job)
@@ -74,6 +78,41 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     if hint:
         print(f"perfmon: {hint}", file=sys.stderr)
     return exit_status(returncode, proc.escalated)
+
+
+class EarlySummary(threading.Thread):
+    """summary.json as soon as the job ends under an open dashboard, not only once the dashboard closes: a
+    terminal that hangs up (an SSH drop) while it shows the ended job kills perfmon before its ending writes
+    it, and the agent has left that summary to this launcher."""
+
+    STREAM_WAIT_S = 5.0  # for the agent's last messages (its exit record) to reach the dashboard's state
+
+    def __init__(self, proc: TrainingProcess, app: Any, rules: Config | None) -> None:
+        super().__init__(name="perfmon-early-summary", daemon=True)
+        self.proc, self.app, self.rules = proc, app, rules
+        self._cancelled = threading.Event()
+        self._writing = threading.Lock()
+        self.written = False
+
+    def run(self) -> None:
+        returncode = self.proc.wait()
+        deadline = time.monotonic() + self.STREAM_WAIT_S
+        while not self.app.stream_ended and time.monotonic() < deadline:
+            if self._cancelled.wait(0.05):
+                return
+        with self._writing:
+            if self._cancelled.is_set():
+                return
+            with self.app.lock:
+                finalize_recording(self.proc.run_dir, self.app.state, returncode, self.rules,
+                                   complete=self.app.stream_ended)
+            self.written = True
+
+    def cancel(self) -> None:
+        """The dashboard closed: its own ending writes the summary from now on (never this thread after it)."""
+        self._cancelled.set()
+        with self._writing:
+            pass
 
 
 def _follow_spawned(proc: TrainingProcess, state: RunState, source: Any, rules: Config | None,
