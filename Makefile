@@ -22,7 +22,7 @@ demo: setup
 	$(BIN)/perfmon demos/train_mlp.py --steps 20000
 
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check perfmon tests demos benchmarks
