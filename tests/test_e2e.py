@@ -1081,6 +1081,71 @@ def test_the_dashboards_output_panel_shows_stdout_and_stderr_in_the_order_writte
         subprocess.run([*tmux, "kill-server"], capture_output=True)
 
 
+#: Exceptions that pass through perfmon's wrappers on their way up: a forward raising in a thread (python's own
+#: ``threading.excepthook`` prints it, in C), signals a script sends itself (through the ``os.kill`` stand-in), and an
+#: uncaught Ctrl-C, which python hands to ``sys.excepthook`` like any other exception.
+THROUGH_WRAPPERS = """
+import os, signal, sys, threading, traceback
+import torch
+torch.manual_seed(0)
+class Bad(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 1)
+    def forward(self, x):
+        if x.shape[0] == 3:
+            raise ValueError("bad batch size 3")
+        return self.l(x)
+m = Bad()
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+def work(sizes):
+    for n in sizes:
+        loss = m(torch.randn(n, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+work((8, 8, 8))
+t = threading.Thread(target=work, args=((8, 3),), name="w")
+t.start()
+t.join()
+def preempted(sig, frame):
+    raise RuntimeError("preempted")
+signal.signal(signal.SIGUSR1, preempted)
+try:
+    os.kill(os.getpid(), signal.SIGUSR1)
+except RuntimeError:
+    traceback.print_exc()
+def hook(kind, exc, tb):
+    names = []
+    while tb is not None:  # walked by hand, as a C printer walks it
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    print("[hook]", kind.__name__, names, file=sys.stderr)
+    open("crash.txt", "w").write(kind.__name__)
+sys.excepthook = hook
+print("steps 4", flush=True)
+os.kill(os.getpid(), signal.SIGINT)
+"""
+
+
+def test_exceptions_through_perfmons_wrappers_print_as_under_plain_python(env, tmp_path):
+    """A thread's uncaught error named hooks.py's ``__call__``; a handler raising in a script that signals itself
+    named exits.py's ``kill``; and an uncaught Ctrl-C skipped the script's ``sys.excepthook``."""
+    plain_dir, pm_dir = tmp_path / "plain", tmp_path / "pm"
+    plain_dir.mkdir()
+    pm_dir.mkdir()
+    (tmp_path / "through.py").write_text(THROUGH_WRAPPERS)
+    plain = subprocess.run([sys.executable, str(tmp_path / "through.py")], capture_output=True, text=True,
+                           timeout=60, env=env, cwd=plain_dir)
+    run = tmp_path / "run"
+    res = headless(run, str(tmp_path / "through.py"), env=env, cwd=pm_dir)
+    assert plain.returncode == -signal.SIGINT and res.returncode == -signal.SIGINT, res.stderr
+    assert "bad batch size 3" in plain.stderr and "[hook] KeyboardInterrupt ['<module>']" in plain.stderr
+    assert (run / "stderr.log").read_text() == plain.stderr
+    assert (pm_dir / "crash.txt").read_text() == (plain_dir / "crash.txt").read_text() == "KeyboardInterrupt"
+    assert report(run, env)["steps"] == 4
+
+
 #: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
 #: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
 TORCH_LOOKED_UP_FIRST = """

@@ -33,27 +33,7 @@ def _trim(tb: TracebackType | None) -> TracebackType | None:
 
     while tb is not None and is_ours(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
-    return _without_hook_frames(tb)
-
-
-def _without_hook_frames(tb: TracebackType | None) -> TracebackType | None:
-    """The same traceback without the frames of perfmon's wrappers (a Dataset error raised through the
-    DataLoader wrapper, Ctrl-C during backward): what plain python would print."""
-    hooks_file = os.path.abspath(hooks_module_file())
-    kept = []
-    while tb is not None:
-        if os.path.abspath(tb.tb_frame.f_code.co_filename) != hooks_file:
-            kept.append(tb)
-        tb = tb.tb_next
-    out = None
-    for entry in reversed(kept):
-        out = types.TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    return out
-
-
-def hooks_module_file() -> str:
-    """The file of perfmon's hook wrappers, without importing torch."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "hooks.py")
+    return own_frames.without_wrapper_frames(tb)
 
 
 def run_script(path: str) -> None:
@@ -133,7 +113,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt as exc:
         exit_info.update(code=None, signal="SIGINT", exception="KeyboardInterrupt")
         _trim_chain(exc)
-        traceback.print_exception(type(exc), exc, exc.__traceback__)
+        _print_uncaught(exc)  # python hands an uncaught Ctrl-C to sys.excepthook too (rich's, loguru's)
     except ImportError as exc:
         if module is not None and getattr(exc, "name", None) == module.split(".")[0] and _trim(exc.__traceback__) is None:
             print(f"perfmon: error: No module named {module!r}", file=sys.stderr)
@@ -157,26 +137,24 @@ def _at_exit(agent: bootstrap.Agent | None, exit_info: dict) -> None:
 
 
 def _trim_chain(exc: BaseException) -> None:
-    """Trim the traceback of ``exc`` and of the exceptions it chains (``raise ... from``, during handling)."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        e.__traceback__ = _trim(e.__traceback__) if e is exc else _without_hook_frames(e.__traceback__)
-        todo += [e.__cause__, e.__context__]
+    """Trim the traceback of ``exc`` (launcher and wrapper frames) and of the exceptions it chains."""
+    own_frames.trim_chain(exc, top=_trim)
 
 
-def _exception_info(exc: BaseException) -> dict:
-    _trim_chain(exc)
+def _print_uncaught(exc: BaseException) -> str:
+    """Hand ``exc`` to ``sys.excepthook`` as python does with an uncaught exception; returns its traceback text."""
     tb = exc.__traceback__  # the default excepthook prints the exception's own traceback
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     try:
         sys.excepthook(type(exc), exc, tb)
     except Exception:  # noqa: BLE001
         sys.stderr.write(text)
+    return text
+
+
+def _exception_info(exc: BaseException) -> dict:
+    _trim_chain(exc)
+    text = _print_uncaught(exc)
     message = protocol.exception_line("".join(traceback.format_exception_only(type(exc), exc))) or type(exc).__name__
     return {"code": 1, "exception": message[:500], "traceback": text[-20000:]}
 

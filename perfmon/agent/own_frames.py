@@ -26,10 +26,11 @@ import logging
 import os
 import runpy
 import sys
+import threading
 import traceback
 import warnings
-from collections.abc import Iterator
-from types import FrameType
+from collections.abc import Callable, Iterator
+from types import FrameType, TracebackType
 from typing import Any
 
 from perfmon.agent.stand_in import replaced, stand_in
@@ -40,20 +41,23 @@ from perfmon.agent.stand_in import replaced, stand_in
 #: FakeTensorMode takes ``traceback.extract_stack()``) holds unhashable ones.
 _RUNPY = tuple(fn.__code__ for fn in (runpy.run_module, runpy.run_path, runpy._run_module_code))
 _launcher: frozenset[FrameType] = frozenset()
-#: The file of perfmon's hook wrappers (``agent/hooks.py``; not imported here: it imports torch). Its frames sit
-#: between the script's own (the root module's ``__call__``, ``torch.save``, a closure) and are hidden like the
-#: launcher's: a warning's ``stacklevel`` and a caught exception's traceback count and show the script's frames.
-_HOOKS_FILES = frozenset({p := os.path.join(os.path.dirname(os.path.abspath(__file__)), "hooks.py"),
-                          os.path.realpath(p)})
+#: The files of perfmon's wrappers: the hooks (``agent/hooks.py``; not imported here: it imports torch) and the
+#: ``os.kill``/``os._exit`` stand-ins (``agent/exits.py``: a handler raising in a script that signals itself
+#: raises through ``kill``). Their frames sit between the script's own (the root module's ``__call__``,
+#: ``torch.save``, a closure, ``os.kill``) and are hidden like the launcher's: a warning's ``stacklevel`` and a
+#: caught or uncaught exception's traceback count and show the script's frames.
+WRAPPER_FILES = frozenset(path for name in ("hooks.py", "exits.py")
+                          for p in (os.path.join(os.path.dirname(os.path.abspath(__file__)), name),)
+                          for path in (p, os.path.realpath(p)))
 
 
 def _is_wrapper(frame: FrameType) -> bool:
     """``frame`` runs code of perfmon's hook wrappers."""
-    return frame.f_code.co_filename in _HOOKS_FILES
+    return frame.f_code.co_filename in WRAPPER_FILES
 
 
 def _not_wrapper(item: tuple[FrameType, int]) -> bool:
-    return item[0].f_code.co_filename not in _HOOKS_FILES
+    return item[0].f_code.co_filename not in WRAPPER_FILES
 
 
 def _is_launchers(frame: FrameType) -> bool:
@@ -104,6 +108,7 @@ def hide_wrappers() -> None:
     traceback.walk_stack = stand_in(walk_stack, real_walk)
     inspect.getouterframes = stand_in(getouterframes, real_outer)
     _hide_from_tracebacks()
+    _hide_from_thread_errors()
     _hide_from_debuggers()
     _hide_from_warnings()
     _hide_from_logging()
@@ -117,7 +122,7 @@ def _hide_from_logging() -> None:
         return
 
     def is_internal_frame(frame: FrameType) -> bool:
-        return frame.f_code.co_filename in _HOOKS_FILES or real(frame)
+        return frame.f_code.co_filename in WRAPPER_FILES or real(frame)
 
     logging._is_internal_frame = stand_in(is_internal_frame, real)  # type: ignore[attr-defined]
 
@@ -135,6 +140,52 @@ def _hide_from_tracebacks() -> None:
             return filter(_not_wrapper, _real(tb, *args, **kwargs))
 
         setattr(traceback, name, stand_in(walk, real))
+
+
+def without_wrapper_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The same traceback without the frames of perfmon's wrappers (a Dataset error raised through the
+    DataLoader wrapper, Ctrl-C during backward): what plain python would print."""
+    kept = []
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) not in WRAPPER_FILES:
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for entry in reversed(kept):
+        out = TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return out
+
+
+def trim_chain(exc: BaseException, top: Callable[[TracebackType | None], TracebackType | None] | None = None) -> None:
+    """Drop wrapper frames from the traceback of ``exc`` and of the exceptions it chains (``raise ... from``,
+    during handling); ``top`` trims ``exc``'s own instead (the launcher's frames too)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = (top if top is not None and e is exc else without_wrapper_frames)(e.__traceback__)
+        todo += [e.__cause__, e.__context__]
+
+
+def _hide_from_thread_errors() -> None:
+    """An exception a thread leaves uncaught: python's own ``threading.excepthook`` prints its traceback in C,
+    past the stand-ins above; this one hands it the traceback without wrapper frames (a forward raising in a
+    training thread passed through the root module's ``__call__``)."""
+    real = threading.excepthook
+    if replaced(real):
+        return
+
+    def excepthook(args: Any, /) -> Any:
+        exc = args.exc_value
+        if isinstance(exc, BaseException):  # python prints the traceback each exception of the chain holds
+            trim_chain(exc)
+            args = threading.ExceptHookArgs((args.exc_type, exc, exc.__traceback__, args.thread))
+        return real(args)
+
+    threading.excepthook = stand_in(excepthook, real)
 
 
 def _hide_from_debuggers() -> None:
@@ -172,8 +223,8 @@ def _count_back(frame: FrameType, stacklevel: int) -> tuple[bool, int]:
         assert f is not None
         f = f.f_back
         while f is not None and ("importlib" in f.f_code.co_filename and "_bootstrap" in f.f_code.co_filename
-                                 or f.f_code.co_filename in _HOOKS_FILES):
-            wrappers += f.f_code.co_filename in _HOOKS_FILES
+                                 or f.f_code.co_filename in WRAPPER_FILES):
+            wrappers += f.f_code.co_filename in WRAPPER_FILES
             f = f.f_back
         if f is None or _is_launchers(f):
             return True, wrappers
