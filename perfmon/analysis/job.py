@@ -16,7 +16,7 @@ from typing import Any
 
 from perfmon import paths
 from perfmon.analysis.records import Step
-from perfmon.analysis.state import RunState
+from perfmon.analysis.state import RECENT_STEPS, RunState
 from perfmon.messages import Reset, parse
 from perfmon.protocol import ALL_PHASES
 
@@ -120,6 +120,10 @@ class RankRow:
     def memory_bytes(self) -> float | None:
         """The rank's memory in the tables: CUDA peak allocated where there is a GPU, else its RSS."""
         return self.allocated_bytes or self.rss_bytes or None
+
+
+#: which steps a rank's row describes (:func:`steady_steps`), as its tables say it
+STEADY_WORDS = f"the last {RECENT_STEPS} steps past warm-up"
 
 
 def steady_steps(state: RunState, warmup: int = 30, min_steps: int = 20) -> list[Step]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import paths
-from perfmon.analysis.job import JobState, RankRow, load_job, rank_rows, slowest
+from perfmon.analysis.job import STEADY_WORDS, JobState, RankRow, load_job, rank_rows, slowest
 from perfmon.analysis.report import (
     _fmt_ms,
     build_summary,
@@ -127,7 +127,7 @@ def format_job_summary(job: JobState, summary: dict[str, Any]) -> str:
         f"  status    {job_status(job)}",
         f"  steps     {s['steps']} (rank {min(job.ranks)}) in {format_duration(s['elapsed_s'])}",
         "",
-        "  per rank (steady state: mean ms per step of each phase)",
+        f"  per rank (mean ms per step of each phase, {STEADY_WORDS})",
         *rank_table(rank_rows(job)),
     ]
     failed = s.get("failed_rank")

@@ -11,7 +11,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
 
-from perfmon.analysis.job import JobState, RankRow, rank_rows, slowest, throughput
+from perfmon.analysis.job import STEADY_WORDS, JobState, RankRow, rank_rows, slowest, throughput
 from perfmon.analysis.job_report import job_status
 from perfmon.analysis.rules import Config, Finding, evaluate_job
 from perfmon.protocol import ALL_PHASES, PHASE_SHORT
@@ -99,7 +99,7 @@ class RanksView:
             if row.rank == info.slowest:
                 line.append("  ← slowest" if status else " ←", st["slow"])
             out.append(line)
-        out.append(Text("phases: mean ms per step past warm-up · r selects the rank the other views show",
+        out.append(Text(f"phases: mean ms per step, {STEADY_WORDS} · r selects the rank the other views show",
                         st["label"], no_wrap=True, overflow="ellipsis"))
         out.append(Text(""))
         if not info.findings:
