@@ -163,6 +163,32 @@ async def test_log_follows_growing_output(tmp_path: Path) -> None:
         await wait_until(pilot, lambda: "half a li" in log.lines)  # flushed once the job is over
 
 
+async def test_a_line_longer_than_the_panel_ends_in_an_ellipsis_until_scrolled_to_its_end(tmp_path: Path) -> None:
+    """Cut silently at the panel's edge, "warning at step 375" read as "warning at step 3"."""
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(pilot)
+        log = app.query_one(LogPanel).log_widget
+        long_line = "UserWarning: slow batch at step " + "3" * 30 + " of epoch 12 " + "x" * 40
+        with open(app.run_dir / "output.log", "a") as f:
+            f.write(f"short line\n{long_line}\n")
+        await wait_until(pilot, lambda: long_line in log.lines)
+        await pilot.pause()
+        width = log.scrollable_content_region.width
+
+        def shown(text: str) -> str:
+            return next(line for line in screen_text(app).splitlines() if text in line)
+
+        row = shown("UserWarning: slow batch")
+        assert "…" in row and long_line[: width - 1] in row and long_line[: width] not in row, row
+        assert "…" not in shown("short line")
+        assert row.rstrip(" │").endswith(long_line[width - 2] + "…")  # the newest line shows, whole rows above it
+        log.scroll_to(x=len(long_line) - width, animate=False, immediate=True)  # ←→ to its end: all of it shows
+        await pilot.pause()
+        row = shown("x" * 10)
+        assert row.rstrip(" │").endswith("x" * 40) and "…" + long_line[len(long_line) - width + 1:] in row, row
+
+
 async def test_a_progress_bar_redrawn_on_one_line_shows_before_its_line_ends(tmp_path: Path) -> None:
     """tqdm redraws its bar with \\r on stderr and ends the line only when the epoch ends: the panel shows the bar's
     latest redraw under the log meanwhile, and the finished bar joins the log."""

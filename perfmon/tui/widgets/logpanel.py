@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from rich.cells import cell_len
+from rich.segment import Segment
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widgets import Log, Static
 
 from perfmon.tail import OUTPUT_LINES as MAX_LINES
@@ -36,6 +39,28 @@ def last_frame(traceback: str | None) -> str | None:
     return f"{path.rsplit('/', 1)[-1]}:{lineno} in {func}"
 
 
+class OutputLog(Log):
+    """The script's lines; one that goes on past an edge shows ``…`` there (←→ scroll it): cut silently, "at
+    step 375" read as "at step 3"."""
+
+    COMPONENT_CLASSES = {"outputlog--more"}
+
+    def render_line(self, y: int) -> Strip:
+        strip = super().render_line(y)
+        scroll_x, scroll_y = self.scroll_offset
+        width = self.scrollable_content_region.width  # the strip is as wide as size, the scrollbar drawn over it
+        lines = self.lines
+        row = scroll_y + y
+        if width < 3 or row >= len(lines):
+            return strip
+        left, right = scroll_x > 0 and bool(lines[row]), cell_len(lines[row]) > scroll_x + width
+        if not (left or right):
+            return strip
+        more = Strip([Segment("…", self.get_component_rich_style("outputlog--more"))], 1)
+        return Strip.join([more if left else strip.crop(0, 1), strip.crop(1, width - 1),
+                           more if right else strip.crop(width - 1, width), strip.crop(width, strip.cell_length)])
+
+
 class LogPanel(Vertical):
     """Output tail with an exception banner; ``exception``, ``where`` and ``hint`` (what to do) are its state."""
 
@@ -46,7 +71,7 @@ class LogPanel(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="exception")
-        yield Log(max_lines=MAX_LINES, id="output")
+        yield OutputLog(max_lines=MAX_LINES, id="output")
         yield Static(id="progress", markup=False)
 
     def watch_progress(self, progress: str) -> None:
@@ -58,8 +83,8 @@ class LogPanel(Vertical):
         self.border_title = "output"
 
     @property
-    def log_widget(self) -> Log:
-        return self.query_one("#output", Log)
+    def log_widget(self) -> OutputLog:
+        return self.query_one("#output", OutputLog)
 
     following = True  # the view shows the tail (cleared when lines come while the user looks further up)
 
