@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 
@@ -12,3 +13,7 @@ def pytest_configure(config: object) -> None:
     # terminal.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # pytest-xdist's workers (`make test` runs two) have COLUMNS=80 and LINES=24 in their environment: a terminal a
+    # test starts (tmux) would hand them to the dashboard, which then draws 80x24 whatever the terminal's size
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)

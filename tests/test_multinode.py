@@ -271,7 +271,7 @@ def test_two_nodes_seen_from_node_0s_dashboard_in_a_terminal(tmp_path: Path, env
             text = screen()
             return text if "4/4 ranks on 2 nodes" in text and "← slowest" in text else None
 
-        text = wait_for(ranks_view, "every rank of both nodes in node 0's ranks view", timeout=240, every=1.0)
+        text = wait_for(ranks_view, "every rank of both nodes in node 0's ranks view", every=1.0)
         for rank, node in ((0, 0), (1, 0), (2, 1), (3, 1)):  # each rank's row names its node
             assert re.search(rf"│\s*▶?\s+{rank}\s+{node}\s+[\d,]+\s", text), text
         subprocess.run([*tmux, "send-keys", "-t", session, "q"])
