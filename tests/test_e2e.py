@@ -1146,6 +1146,34 @@ def test_exceptions_through_perfmons_wrappers_print_as_under_plain_python(env, t
     assert report(run, env)["steps"] == 4
 
 
+#: Whether a process forked by the script catches SIGTERM at the C level (``SigCgt``): a Python handler there turned
+#: Pool.terminate()'s SIGTERM into a flag, which a worker about to block in sem_wait never looked at again.
+FORKED_SIGTERM = """
+import multiprocessing as mp
+import torch
+
+def show(where):
+    caught = int(next(line for line in open("/proc/self/status") if line.startswith("SigCgt:")).split()[1], 16)
+    print(where, "child catches SIGTERM:", bool(caught >> 14 & 1), flush=True)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        pool.apply(show, ("pool",))
+    p = ctx.Process(target=show, args=("process",))
+    p.start()
+    p.join()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_forked_children_start_with_sigterm_at_its_default_as_under_plain_python(env, tmp_path):
+    """A fork Pool closed 300 times hung under perfmon: its workers inherited perfmon's SIGTERM handler."""
+    plain, res, run = plain_and_headless(FORKED_SIGTERM, "forked.py", env, tmp_path)
+    assert plain.stdout == "pool child catches SIGTERM: False\nprocess child catches SIGTERM: False\n"
+    assert res.returncode == plain.returncode == 0 and res.stdout == plain.stdout, res.stderr
+
+
 #: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
 #: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
 TORCH_LOOKED_UP_FIRST = """

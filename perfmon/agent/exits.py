@@ -5,8 +5,8 @@ perfmon's SIGTERM handler is installed only when the script has none at start: o
 far and the exit, then dies of the signal as python would. The script never sees it: ``signal.getsignal`` and the previous handler that
 ``signal.signal`` returns read SIG_DFL while it is perfmon's, as under plain python. A handler that chains the one it
 found (PyTorch Lightning's signal connector) therefore chains nothing, and one that restores SIG_DFL and kills itself
-dies as it means to. A forked child that inherited it (a DataLoader worker, a ``multiprocessing`` process) dies of
-the signal as with SIG_DFL, leaving the parent's recording and discovery files alone.
+dies as it means to. A forked child (a DataLoader worker, a ``multiprocessing`` process) starts with SIG_DFL, as
+under plain python, leaving the parent's recording and discovery files alone.
 """
 
 from __future__ import annotations
@@ -48,7 +48,17 @@ def install_sigterm(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -
         original(signal.signal)(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
         return
+    global _reset_at_fork
+    if not _reset_at_fork:
+        # A forked child gets SIG_DFL at once, as under plain python: with a Python-level handler a SIGTERM that
+        # lands just before a blocking C call (a Pool worker's sem_wait: Pool.terminate() sends it) only set a flag,
+        # and the worker, then Pool.__exit__'s join, waited forever
+        os.register_at_fork(after_in_child=reset_inherited)
+        _reset_at_fork = True
     _hide()
+
+
+_reset_at_fork = False
 
 
 #: signals whose default action ends the process
