@@ -487,6 +487,7 @@ typedef struct {
     PyObject_HEAD
     long depth, in_data, in_root, in_backward;
     unsigned long train_thread;  /* the thread that trains (the last to run a backward); 0: not known */
+    unsigned long thread_switches;  /* backwards on another thread than the last one's: loops side by side */
     char pending, explicit_, optimizers_seen, discovering;
     PyObject *single;    /* id() of the loop's one optimizer, once learned, or None */
     PyObject *ring;      /* the agent's Ring while the hooks may write to it, else None */
@@ -554,6 +555,8 @@ static PyMemberDef State_members[] = {
      "inside a backward (module calls there recompute checkpointed activations: backward time)"},
     {"train_thread", T_ULONG, offsetof(State, train_thread), 0,
      "threading.get_ident() of the thread that trains; fetches and forwards on others are not its steps' time"},
+    {"thread_switches", T_ULONG, offsetof(State, thread_switches), 0,
+     "backwards run on another thread than the one before (two loops training at once switch all the time)"},
     {"pending", T_BOOL, offsetof(State, pending), 0, "a step's update ended: the next iteration ends the step"},
     {"explicit", T_BOOL, offsetof(State, explicit_), 0, "perfmon.step() ends steps"},
     {"optimizers_seen", T_BOOL, offsetof(State, optimizers_seen), 0, "an optimizer exists: a backward ends no step"},
@@ -786,7 +789,10 @@ static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t na
     int data = self->kind == KIND_DATA;
     int phase = data ? PH_DATA : PH_BACKWARD;
     unsigned long me = PyThread_get_thread_ident();
-    if (!data) st->train_thread = me;  /* a backward: this thread trains */
+    if (!data) {  /* a backward: this thread trains */
+        if (st->train_thread != me && st->train_thread != 0) st->thread_switches++;
+        st->train_thread = me;
+    }
     else if (st->train_thread != 0 && st->train_thread != me) {
         /* a prefetching thread: it overlaps the steps; how long it fetches is counted apart */
         double t0 = now();

@@ -401,7 +401,10 @@ class Instrumentation:
 
         def make(orig: Callable) -> Callable:
             def backward(*args: Any, **kwargs: Any) -> Any:
-                bounds.train_thread = get_ident()  # a backward: this thread trains
+                me = get_ident()  # a backward: this thread trains
+                if bounds.train_thread != me:
+                    bounds.thread_switches += bounds.train_thread != 0
+                    bounds.train_thread = me
                 fast = bounds.sink
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1

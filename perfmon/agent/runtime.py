@@ -54,6 +54,11 @@ IDLE_TICK = 2.0
 #: Events that wake a sleeping publisher (the C ring calls it when it comes to hold this many): a sudden burst at
 #: ~1M events/s after an idle stretch is flushed at FLUSH_EVENTS-sized batches, far from EVENT_BUFFER.
 WAKE_EVENTS = 2 * FLUSH_EVENTS
+#: Backwards that changed thread within one tick: loops training side by side (one after another changes once).
+THREAD_SWITCHES = 4
+SIDE_BY_SIDE = ("backward runs on several threads in turn: training loops side by side in threads are one loop to "
+                "perfmon, so their step count and phases mix them up (run each loop in a process of its own, e.g. "
+                "multiprocessing or torchrun, to have each counted)")
 
 
 class Agent:
@@ -100,6 +105,7 @@ class Agent:
         self._clock_offset = time.time() - time.perf_counter()
         self._warned_recording = False
         self._overflow_said = False
+        self._switches_seen = 0  # the hooks' count of backwards that changed thread at the last tick (-1: said)
         #: rows a flush sends monitors: LIVE_ROWS a tick, fewer when the publisher ticks sooner (the same rows/s)
         self._live_rows = LIVE_ROWS
         self.recorder = Recorder(run_dir)
@@ -244,6 +250,10 @@ class Agent:
         except Exception as exc:  # noqa: BLE001
             self.record_error("sampler", exc)
         self.close_feed()
+        try:
+            self._check_threads()  # a short run's loops side by side ended before a tick saw them
+        except Exception as exc:  # noqa: BLE001
+            self.record_error("publisher", exc)
         self._publish_errors()
         self.publish(protocol.message("event", kind="exit", t=time.time(), **exit_info, agent_errors=self.errors))
         self.write_summary()
@@ -518,6 +528,7 @@ class Agent:
                 self._read_feed()
                 self.sampler.check_feed()
             self._refresh_discovery()
+            self._check_threads()
         except Exception as exc:  # noqa: BLE001 - the publisher must survive anything
             self.record_error("publisher", exc)
         try:
@@ -525,6 +536,19 @@ class Agent:
         except Exception:  # noqa: BLE001
             pass
         return n
+
+    def _check_threads(self) -> None:
+        """Say once when backwards keep changing thread: loops training side by side in threads, whose steps perfmon
+        cannot tell apart (one after another, a thread each, changes thread once per loop)."""
+        inst = self._instrumentation
+        if inst is None or self._switches_seen == -1:
+            return
+        switches = inst.bounds.thread_switches
+        if switches - self._switches_seen >= THREAD_SWITCHES:
+            self._switches_seen = -1
+            self.warn(SIDE_BY_SIDE)
+            return
+        self._switches_seen = switches
 
     def _sleep(self, seconds: float) -> None:
         """Sleep until ``seconds`` pass or the alarm rings; take every item the alarm left."""
