@@ -1208,6 +1208,64 @@ def test_loops_training_side_by_side_in_threads_are_said_to_be_miscounted(env, t
     assert res.stderr.count("backward runs on several threads in turn") == 1, res.stderr
 
 
+#: A tracer of the script's own wrapping every module call, put in place after ``import torch`` (perfmon's discovery
+#: wrapper is then what it wraps).
+OWN_MODULE_CALL = """
+import torch
+calls = 0
+theirs = torch.nn.Module.__call__
+def counted(self, *args, **kwargs):
+    global calls
+    calls += 1
+    return theirs(self, *args, **kwargs)
+torch.nn.Module.__call__ = counted
+m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+for _ in range(30):
+    opt.zero_grad()
+    ((m(x) - y) ** 2).mean().backward()
+    opt.step()
+print("calls", calls, "still ours:", torch.nn.Module.__call__ is counted)
+"""
+
+
+def test_the_scripts_own_module_call_wrapper_stays_in_place(env, tmp_path):
+    """perfmon put torch's ``__call__`` back when discovery ended, over the script's: 8 calls counted of 120."""
+    plain, res, run = plain_and_headless(OWN_MODULE_CALL, "own_call.py", env, tmp_path)
+    assert plain.stdout == "calls 120 still ours: True\n"
+    assert res.returncode == 0 and res.stdout == plain.stdout, res.stderr
+    assert report(run, env)["steps"] == 30
+
+
+#: A script that leads a process group of its own, to ``killpg`` what it starts at its end.
+OWN_PROCESS_GROUP = """
+import os, signal, subprocess, sys
+import torch
+os.setpgrp()
+os.setpgid(0, 0)
+print("leads its group:", os.getpgrp() == os.getpid(), flush=True)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+os.killpg(0, signal.SIGTERM)
+print("child ended by", -child.wait())
+"""
+
+
+def test_a_script_that_leads_its_own_process_group_runs_as_under_plain_python(env, tmp_path):
+    """``os.setpgrp()`` raised EPERM: perfmon's job leads a session of its own, where python leads a group."""
+    plain, res, run = plain_and_headless(OWN_PROCESS_GROUP, "own_group.py", env, tmp_path)
+    assert plain.stdout == f"leads its group: True\nchild ended by {int(signal.SIGTERM)}\n", plain.stderr
+    assert res.returncode == plain.returncode == 0 and res.stdout == plain.stdout, res.stderr
+    assert report(run, env)["steps"] == 5
+
+
 #: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
 #: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
 TORCH_LOOKED_UP_FIRST = """

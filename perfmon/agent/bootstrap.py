@@ -102,6 +102,7 @@ def start_agent(target: str, argv: list[str], module: bool = False, rank: Rank |
     exits.install_sigterm(agent, finish_agent)
     exits.install_self_kill(agent, finish_agent)
     exits.install_os_exit(agent, finish_agent)
+    exits.install_own_session(agent)
     own_threads.hide()
     own_frames.hide_wrappers()  # a warning's stacklevel, a caught traceback: as without perfmon's wrappers
     return agent

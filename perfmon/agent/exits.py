@@ -16,6 +16,7 @@ import signal
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from perfmon import paths
 from perfmon.agent.stand_in import original, replaced, stand_in
 
 _MARK = "__perfmon_sigterm__"
@@ -103,6 +104,36 @@ def install_os_exit(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -
         real_exit(code)
 
     os._exit = stand_in(_exit, real_exit)
+
+
+def install_own_session(agent: Any) -> None:
+    """perfmon starts the job as the leader of a session of its own (a terminal's hang-up or Ctrl-C reaches it only
+    through perfmon); python started from a shell leads a process group in the shell's session, where
+    ``os.setpgrp()`` and ``os.setpgid(0, 0)`` succeed (a script that means to ``killpg`` its children at the end
+    calls them first) and fail with EPERM in a session leader. The job already is what they ask for, the leader
+    of a process group of its own, and so of a session (``os.setsid()``): in the process perfmon started, they
+    succeed and change nothing."""
+    if not paths.launched_alone() or os.getsid(0) != os.getpid():
+        return
+    real_setpgid, real_setpgrp, real_setsid = os.setpgid, os.setpgrp, os.setsid
+
+    def leads(pid: int) -> bool:
+        return pid in (0, agent.pid) and os.getpid() == agent.pid and os.getsid(0) == agent.pid
+
+    def setpgid(pid: int, pgrp: int, /) -> None:
+        if leads(pid) and pgrp in (0, agent.pid):
+            return None
+        return real_setpgid(pid, pgrp)
+
+    def setpgrp() -> None:
+        return None if leads(0) else real_setpgrp()
+
+    def setsid() -> None:
+        return None if leads(0) else real_setsid()
+
+    os.setpgid = stand_in(setpgid, real_setpgid)
+    os.setpgrp = stand_in(setpgrp, real_setpgrp)
+    os.setsid = stand_in(setsid, real_setsid)
 
 
 def reset_inherited() -> None:

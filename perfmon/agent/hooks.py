@@ -776,11 +776,21 @@ class Instrumentation:
         cls.__call__ = wrapped  # type: ignore[method-assign]
 
     def _unwrap_call(self, cls: type) -> None:
-        original, _, had_own = self._calls.pop(cls)
+        original, wrapped, had_own = self._calls.pop(cls)
+        self._put_back(cls, original, wrapped, had_own)
+
+    @staticmethod
+    def _put_back(cls: type, original: Callable, wrapped: Callable, had_own: bool) -> bool:
+        """``cls.__call__`` as it was before perfmon's wrapper, if that wrapper is still what it is: one the script
+        put there since (a tracer of its own wrapping ``nn.Module.__call__``) stays, and so does ours under it,
+        which passes calls through once discovery is over. Returns whether it put the original back."""
+        if vars(cls).get("__call__") is not wrapped:
+            return False
         if had_own:
             cls.__call__ = original  # type: ignore[method-assign]
         else:
             delattr(cls, "__call__")
+        return True
 
     @contextlib.contextmanager
     def _calls_lifted(self) -> Iterator[None]:
@@ -790,19 +800,15 @@ class Instrumentation:
         if self._lifted:
             yield
             return
-        lifted = list(self._calls.items())
-        for cls, (original, _, had_own) in lifted:
-            if had_own:
-                cls.__call__ = original  # type: ignore[method-assign]
-            else:
-                delattr(cls, "__call__")
+        lifted = [(cls, wrapped, vars(cls).get("__call__")) for cls, (original, wrapped, had_own) in self._calls.items()
+                  if self._put_back(cls, original, wrapped, had_own)]
         self._lifted = True
         try:
             yield
         finally:
             self._lifted = False
-            for cls, (_, wrapped, _) in lifted:
-                if cls in self._calls:
+            for cls, wrapped, put_back in lifted:
+                if cls in self._calls and vars(cls).get("__call__") is put_back:  # none of the script's since
                     cls.__call__ = wrapped  # type: ignore[method-assign]
 
     def _patch_compile(self) -> None:
