@@ -527,6 +527,8 @@ def _main(argv: list[str] | None = None) -> int:
         rest = _strip_python(args, rest)  # `perfmon python train.py`, as one types `nsys profile python train.py`
     if args.module is None and not rest:
         _run_parser().error("no script given")
+    if args.module is not None and not args.module.strip():
+        _run_parser().error("-m needs a module name")
     from perfmon.monitor.launch import LaunchError, Target, TrainingProcess, check_target, same_destination
     from perfmon.paths import default_run_dir
 

@@ -108,7 +108,7 @@ def pid_alive(pid: int) -> bool:
     a monitor killed with -9 whose parent never reaps it is gone for every purpose here."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # no such pid, or none could be: larger than a pid_t
         return False
     except PermissionError:
         return True

@@ -1266,6 +1266,19 @@ def test_a_script_that_leads_its_own_process_group_runs_as_under_plain_python(en
     assert report(run, env)["steps"] == 5
 
 
+@pytest.mark.parametrize("source, status", [
+    ("import sys\nsys.exit(256)\n", 0),  # the parent sees the low byte of the code
+    ("import sys\nsys.exit(-1)\n", 255),
+    ("import sys\nsys.exit(True)\n", 1),
+    ("import sys\nsys.stderr = None\nsys.exit('bye')\n", 1),  # the message on fd 2 all the same
+], ids=["256", "-1", "True", "message-without-stderr"])
+def test_sys_exit_ends_and_is_recorded_as_under_plain_python(env, tmp_path, source, status):
+    plain, res, run = plain_and_headless(source, "leaves.py", env, tmp_path)
+    assert plain.returncode == res.returncode == status
+    assert res.stdout == plain.stdout and (run / "stderr.log").read_text() == plain.stderr
+    assert report(run, env)["exit_code"] == status
+
+
 #: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
 #: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
 TORCH_LOOKED_UP_FIRST = """

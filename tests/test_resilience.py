@@ -99,7 +99,8 @@ def test_instrumented_plain_python_script_can_be_listed_and_attached_by_two_moni
 
 def test_attach_errors_are_one_line_exit_2(env, tmp_path):
     (tmp_path / "empty").mkdir()
-    for target, text in [("999999", "no process with pid"), (str(os.getpid()), "not a perfmon run"),
+    for target, text in [("999999", "no process with pid"), ("9223372036854775807", "no process with pid"),
+                         (str(os.getpid()), "not a perfmon run"),
                          (str(tmp_path / "empty"), "no recording"), (str(tmp_path / "nope"), "no such pid or run")]:
         out = subprocess.run([*PERFMON, "attach", target], capture_output=True, text=True, env=env)
         assert out.returncode == 2 and text in out.stderr and "Traceback" not in out.stderr

@@ -106,9 +106,9 @@ def main(argv: list[str]) -> int:
         if code is None:
             exit_info["code"] = 0
         elif isinstance(code, int):
-            exit_info["code"] = code
+            exit_info["code"] = int(code) & 0xFF  # the status the parent sees: sys.exit(256) exits 0, (-1) 255
         else:
-            print(code, file=sys.stderr)
+            _say_exit_message(code)
             exit_info["code"] = 1
     except KeyboardInterrupt as exc:
         exit_info.update(code=None, signal="SIGINT", exception="KeyboardInterrupt")
@@ -139,6 +139,17 @@ def _at_exit(agent: bootstrap.Agent | None, exit_info: dict) -> None:
 def _trim_chain(exc: BaseException) -> None:
     """Trim the traceback of ``exc`` (launcher and wrapper frames) and of the exceptions it chains."""
     own_frames.trim_chain(exc, top=_trim)
+
+
+def _say_exit_message(message: object) -> None:
+    """``sys.exit("message")``: the message on stderr, as python prints it, on fd 2 where ``sys.stderr`` is None."""
+    if sys.stderr is not None:
+        print(message, file=sys.stderr)
+        return
+    try:
+        os.write(2, f"{message}\n".encode(errors="backslashreplace"))
+    except OSError:
+        pass
 
 
 def _print_uncaught(exc: BaseException) -> str:
