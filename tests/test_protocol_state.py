@@ -417,3 +417,12 @@ def test_a_recording_without_exit_lasts_to_its_last_word_not_to_now():
     state.apply(steps_msg([row(i, 1000.0 + i) for i in range(1, 31)], seq=2))
     state.apply(protocol.message("sample", seq=3, t=1041.0))
     assert build_summary(state)["elapsed_s"] == 41.0
+
+
+def test_an_uncounted_flop_figure_points_at_f_only_while_the_job_runs() -> None:
+    """After the job ended, "press f" named a key that does nothing any more."""
+    state = RunState()
+    state.apply(protocol.message("hello", seq=1, script="x", start=1000.0))
+    assert state.flops().reason == "no FLOP count yet (press f)"
+    state.apply(protocol.message("event", kind="exit", code=0, t=1010.0, seq=2))
+    assert state.flops().reason == "not counted (--count-flops, or f while the job runs)"

@@ -751,6 +751,24 @@ def test_the_header_says_when_the_job_has_gone_quiet_instead_of_its_last_rate(ga
     assert HeaderInfo.from_state(st, now=1005.0 + gap).steps_s == "10.0"  # over: its rate stands
 
 
+def test_an_ended_jobs_header_gives_the_whole_runs_rates_as_its_summary_does():
+    """The recent rate stayed in the header after the end: 18.5 steps/s beside the report's 20.51."""
+    from perfmon.analysis.report import build_summary
+    from perfmon.tui.widgets.header import HeaderInfo
+
+    st = RunState()
+    st.apply(protocol.message("hello", seq=1, script="x", start=1000.0))
+    rows = [[i, 1000.0 + i * (0.1 if i <= 250 else 0.2), 100.0, 0, 50.0, 40.0, 10.0, 0, 32] for i in range(1, 301)]
+    st.apply(protocol.message("steps", fields=list(protocol.STEP_FIELDS), seq=2, rows=rows))
+    recent = fmt.rate(st.steps_per_s())
+    assert HeaderInfo.from_state(st, now=1060.5).steps_s == recent  # live: the recent rate
+    st.apply(protocol.message("event", seq=3, kind="exit", code=0, t=1060.5))
+    summary = build_summary(st)
+    header = HeaderInfo.from_state(st, now=1060.5)
+    assert header.steps_s == fmt.rate(summary["steps_per_s"]) != recent
+    assert header.samples_s == fmt.rate(summary["samples_per_s"])
+
+
 @pytest.mark.parametrize("evaluated, ended, words", [
     (False, False, "no findings yet: the rules need a few steps past warm-up"),
     (True, False, "no findings: nothing the rules can name is holding this run back"),

@@ -232,7 +232,8 @@ def flops(store: Store) -> Flops:
     mfu = achieved / (peak * 1e12) if achieved and peak else None
     reason = None
     if mfu is None:
-        reason = ("no FLOP count yet (press f)" if not per_step else
+        reason = (("no FLOP count yet (press f)" if store.exit is None else
+                   "not counted (--count-flops, or f while the job runs)") if not per_step else
                   "no known peak for this device: pass --peak-tflops" if store.gpus else
                   "CPU run: MFU needs --peak-tflops")
     return Flops(flops_per_step=per_step, achieved_flops=achieved, peak_tflops=peak, peak_source=source,

@@ -229,7 +229,9 @@ class PerfmonApp(DashboardShell):
             prof = self.state.profiles[-1] if self.state.profiles else None
         run_dir = self._output_dir()
         if prof is None or not prof.top_ops:
-            self.notify("no analysed profiler window yet: press p first", title="export", severity="warning")
+            self.notify("no analysed profiler window yet: press p first" if self.live else
+                        "this run has no analysed profiler window (--profile-every, or p while the job runs)",
+                        title="export", severity="warning")
             return
         if run_dir is None:
             self.notify("no run directory to write to", title="export", severity="warning")

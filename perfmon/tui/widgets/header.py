@@ -120,6 +120,7 @@ class HeaderInfo:
         now = now if now is not None else time.time()
         elapsed = state.elapsed(now)
         quiet = state.quiet_for(now)
+        live = state.exit is None and not stream_ended
         cuda = meta.cuda
         known_gpus = meta.gpus or state.gpus
         cpu_only = cuda is False or (cuda is not True and not known_gpus and meta.gpus_probed)
@@ -142,9 +143,11 @@ class HeaderInfo:
             kind=kind,
             elapsed=fmt.duration(elapsed),
             step=fmt.count(state.steps),
-            # the recent rate is the rate of steps that are over: a job gone quiet has none
-            steps_s=fmt.rate(state.steps_per_s()) if quiet is None else f"{fmt.DASH} (no step for {fmt.duration(quiet)})",
-            samples_s=fmt.rate(state.samples_per_s()) if quiet is None else fmt.DASH,
+            # the recent rate is the rate of steps that are over: a job gone quiet has none; a job that ended has
+            # the whole run's (from step 2), the figure its summary and report give
+            steps_s=fmt.rate(state.steps_per_s(recent=live)) if quiet is None
+            else f"{fmt.DASH} (no step for {fmt.duration(quiet)})",
+            samples_s=fmt.rate(state.samples_per_s(recent=live)) if quiet is None else fmt.DASH,
             device=device,
             cpu_only=cpu_only,
             details=details,
