@@ -265,3 +265,24 @@ def test_spawned_ranks_are_followed_once_one_of_them_steps(tmp_path):
     steps = b'{"seq":2,"v":1,"type":"steps","fields":[],"rows":[[1]]}\n'
     (job / "rank-1" / "events.jsonl").write_bytes(sample * (STEPPING_TAIL // len(sample)) + steps + sample * 100)
     assert ranks_stepping(job)
+
+
+def test_two_launches_into_one_run_dir_at_once_leave_it_to_the_first(tmp_path):
+    """Both found no recording there yet and went ahead, mixing their output, recordings and summaries."""
+    from perfmon import paths
+    from perfmon.monitor.launch import LaunchError, Target, TrainingProcess
+
+    script = tmp_path / "quick.py"
+    script.write_text("print('hi')\n")
+    run = tmp_path / "run"
+    first = TrainingProcess(Target(str(script), None), run)
+    run.mkdir()
+    first._lock_run_dir()  # the first launch, between its check for a recording and its agent's first line
+    with pytest.raises(LaunchError, match=rf"is in use by another perfmon \(pid {os.getpid()}\)"):
+        TrainingProcess(Target(str(script), None), run).start()
+    assert not (run / paths.OUTPUT_LOG).exists()  # the second wrote nothing there
+    first._unlock_run_dir()
+    assert not (run / paths.LAUNCH_LOCK).exists()
+    (run / paths.LAUNCH_LOCK).write_text("999999999")  # a launcher killed mid-launch: its lock is taken over
+    proc = TrainingProcess(Target(str(script), None), run).start()
+    assert proc.wait() == 0 and not (run / paths.LAUNCH_LOCK).exists()  # and let go once the job ended

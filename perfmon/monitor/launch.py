@@ -200,6 +200,7 @@ class TrainingProcess:
         self.python = python or plain_python(sys.executable)
         self.popen: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
+        self._locked = False  # this launch holds the run dir's paths.LAUNCH_LOCK
         self._stops = 0
         #: signals perfmon itself escalated to (a repeated stop): the job dying of one is not re-raised on perfmon
         self.escalated: set[int] = set()
@@ -244,7 +245,40 @@ class TrainingProcess:
         self.runtime_dir = self._private_runtime = private
         return {"PERFMON_RUNTIME_DIR": str(private)}
 
+    def _lock_run_dir(self) -> None:
+        """Take the run dir for this launch (:data:`paths.LAUNCH_LOCK`), or say whose it is; a lock whose launcher is
+        gone (killed) is taken over."""
+        lock = self.run_dir / paths.LAUNCH_LOCK
+        for _ in range(2):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    holder = int(lock.read_text().strip() or 0)
+                    fresh = time.time() - lock.stat().st_mtime < 5.0
+                except (OSError, ValueError):
+                    holder, fresh = 0, False
+                # no pid in it yet: another launcher is between creating it and writing its pid
+                if (holder and paths.pid_alive(holder)) or (not holder and fresh):
+                    raise LaunchError(f"run dir {self.run_dir} is in use by another perfmon (pid {holder}); choose "
+                                      "another --run-dir") from None
+                lock.unlink(missing_ok=True)
+                continue
+            except OSError as exc:
+                raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            self._locked = True
+            return
+        raise LaunchError(f"run dir {self.run_dir} is in use by another perfmon; choose another --run-dir")
+
+    def _unlock_run_dir(self) -> None:
+        if self._locked:
+            self._locked = False
+            (self.run_dir / paths.LAUNCH_LOCK).unlink(missing_ok=True)
+
     def _job_ended(self) -> None:
+        self._unlock_run_dir()
         if self._private_runtime is not None:
             shutil.rmtree(self._private_runtime, ignore_errors=True)
             self._private_runtime = None
@@ -261,6 +295,10 @@ class TrainingProcess:
             raise LaunchError(f"run dir {self.run_dir} already holds a recording; choose another --run-dir")
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
+        self._lock_run_dir()
+        try:
             # an earlier launch's status (a job that recorded nothing, in a run dir used again) is not this one's
             (self.run_dir / paths.LAUNCHER_EXIT).unlink(missing_ok=True)
             log = open(self.run_dir / paths.OUTPUT_LOG, "ab")
@@ -272,6 +310,7 @@ class TrainingProcess:
             for name in (paths.OUTPUT_LOG, paths.STDERR_LOG):  # readable here whatever the script deletes
                 hold_for_tails(self.run_dir / name)
         except OSError as exc:
+            self._unlock_run_dir()
             raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
         env = dict(os.environ, **self.extra_env, PERFMON_RUN_DIR=str(self.run_dir.resolve()),
                    KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"),
