@@ -34,6 +34,10 @@ def _reopen(held: BinaryIO) -> BinaryIO:
         return os.fdopen(os.dup(held.fileno()), "rb")
 
 
+#: how many of the last bytes read a tail checks are still in place, to see a file rewritten since
+_MARK = 32
+
+
 class Tail:
     """New bytes or complete lines of a growing file, from where the last read left off.
 
@@ -56,6 +60,8 @@ class Tail:
         self._partial = b""
         self._ino: int | None = None
         self._file: BinaryIO | None = None
+        self._mark = b""  # the last bytes read, still there unless the file was rewritten since (see read)
+        self._mtime = 0
 
     def read(self, limit: int | None = None) -> bytes:
         """Bytes appended since the last call, at most ``limit`` (default ``max_read``); ``b""`` when
@@ -73,17 +79,28 @@ class Tail:
                 # read from the byte before ``start``: if it ends a line, the line at ``start`` is kept
                 self.offset, self._skipping = (start - 1, True) if start > 0 else (0, False)
                 self._near_end = None
-            elif st.st_size < self.offset:
-                self.offset, self._partial, self._skipping = 0, b"", False  # truncated
+            elif st.st_size < self.offset or (st.st_mtime_ns != self._mtime and self._rewritten(f)):
+                # truncated; or truncated and written again past where we were (``open("/dev/stdout", "w")`` in a
+                # script whose stdout is this file), which its size alone does not show
+                self.offset, self._partial, self._skipping, self._mark = 0, b"", False, b""
+            self._mtime = st.st_mtime_ns
             f.seek(self.offset)
             data = f.read(self.max_read if limit is None else limit)
         except OSError:
             return b""
         self.offset += len(data)
+        self._mark = (self._mark + data)[-_MARK:]
         if self._skipping:
             _, newline, data = data.partition(b"\n")
             self._skipping = not newline
         return data
+
+    def _rewritten(self, f: BinaryIO) -> bool:
+        """The bytes last read are no longer where they were."""
+        mark = self._mark
+        if not mark or self.offset < len(mark):
+            return False
+        return os.pread(f.fileno(), len(mark), self.offset - len(mark)) != mark
 
     def _open(self) -> BinaryIO | None:
         """The file, kept open: the one at the path, or the deleted one read so far (None: there is none)."""
@@ -93,7 +110,7 @@ class Tail:
             ino = None  # gone (or not there yet): what is open is still read
         if self._file is not None and ino is not None and ino != self._ino:  # replaced: the new one from its start
             self.close()
-            self.offset, self._partial, self._skipping = 0, b"", False
+            self.offset, self._partial, self._skipping, self._mark = 0, b"", False, b""
         if self._file is None:
             held = _held.get(os.path.abspath(self.path))
             try:

@@ -272,3 +272,21 @@ def test_a_deleted_file_is_still_read_to_its_end_and_a_new_one_from_its_start(tm
     assert tail.lines() == [b"fresh"]
     writer.close()
     tail.close()
+
+
+@pytest.mark.parametrize("rewrite", [b"accuracy 0.93\n", b"accuracy 0.93, loss 0.21\n"], ids=["same size", "longer"])
+def test_a_file_truncated_and_written_again_past_the_read_offset_is_read_from_its_start(tmp_path, rewrite):
+    """``open("/dev/stdout", "w")`` in a script whose stdout is the log truncates it and writes from 0: the file was
+    already as long again at the next poll, and the tail went on from its old offset ("accuracy 0.93" lost its
+    first 14 bytes)."""
+    path = tmp_path / "output.log"
+    path.write_bytes(b"epoch 1 done: ")
+    tail = Tail(path)
+    assert tail.read() == b"epoch 1 done: "
+    with open(path, "wb") as f:
+        f.write(rewrite)
+    os.utime(path, ns=(1, 1))  # another mtime, as any write gives it (the test's two writes may share a tick)
+    assert tail.read() == rewrite
+    with open(path, "ab") as f:
+        f.write(b"next\n")
+    assert tail.read() == b"next\n"  # appends after it read on as before
