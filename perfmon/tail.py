@@ -8,6 +8,7 @@ near the end of what is already there (a log shows its recent past, not all of i
 
 from __future__ import annotations
 
+import atexit
 import os
 from pathlib import Path
 from typing import BinaryIO
@@ -20,10 +21,21 @@ _held: dict[str, BinaryIO] = {}
 
 def hold(path: Path) -> None:
     """Keep ``path`` open for the tails of this process, which then read it even after it is deleted."""
+    if not _held:
+        atexit.register(_let_go)  # closed, not left to the interpreter's end (a ResourceWarning under -X dev)
     try:
         _held[os.path.abspath(path)] = open(path, "rb")  # noqa: SIM115 - held for the life of the process
     except OSError:
         pass
+
+
+def _let_go() -> None:
+    while _held:
+        _, f = _held.popitem()
+        try:
+            f.close()
+        except OSError:
+            pass
 
 
 def _reopen(held: BinaryIO) -> BinaryIO:
@@ -132,6 +144,9 @@ class Tail:
             except OSError:
                 pass
             self._file = None
+
+    def __del__(self) -> None:  # a tail nobody closed (a reader dropped mid-file) closes what it held open
+        self.close()
 
     def lines(self, limit: int | None = None) -> list[bytes]:
         """Complete lines (without their newline) appended since the last call, from at most ``limit``

@@ -1279,6 +1279,15 @@ def test_sys_exit_ends_and_is_recorded_as_under_plain_python(env, tmp_path, sour
     assert report(run, env)["exit_code"] == status
 
 
+def test_python_dev_mode_shows_no_warning_of_perfmons_own(env, tmp_path):
+    """``PYTHONDEVMODE=1`` (or ``-W always``): perfmon's launcher left its socket, the recording's reader and the
+    output files to the interpreter's end, and printed a ResourceWarning for each."""
+    env = dict(env, PYTHONDEVMODE="1")
+    plain, res, run = plain_and_headless(TORCH_LOOKED_UP_FIRST, "dev_mode.py", env, tmp_path)
+    assert res.returncode == plain.returncode == 0 and res.stdout == plain.stdout
+    assert "Warning" not in plain.stderr and "Warning" not in res.stderr, res.stderr
+
+
 #: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
 #: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
 TORCH_LOOKED_UP_FIRST = """

@@ -246,6 +246,12 @@ class LiveSource(Source):
         self.connected = False
         # The agent is gone: whatever it recorded after our last line is in the file.
         yield from self._backfill(None)
+        try:  # the stream is over: the socket and the recording's reader go
+            sock.close()
+        except OSError:
+            pass
+        if self._reader is not None:
+            self._reader.tail.close()
 
     def _sequence(self, msg: dict[str, Any]) -> Iterator[dict[str, Any]]:
         if msg.get("type") == "hello" and "live_seq" in msg:
