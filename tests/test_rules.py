@@ -86,6 +86,17 @@ def test_input_bound_thresholds(data, severity):
         assert f.severity == severity and "num_workers=0" in f.fix and f.impact == pytest.approx(data / (data + 7))
 
 
+@pytest.mark.parametrize("system_cpu, advice", [
+    (40.0, "raise DataLoader(num_workers=0) towards 2 (this host has 2 CPUs)"),  # others use 0.3 CPUs
+    (100.0, "free CPUs before raising DataLoader(num_workers=0): other processes use 1.5 of this host's 2 CPUs"),
+])
+def test_input_bound_asks_for_more_workers_only_where_cpus_are_free(system_cpu, advice):
+    """On a host other jobs kept busy, input-bound said to add workers while cpu-contention said no CPU was free."""
+    host = {"cpu_percent": 50.0, "cpu_count": 2, "system_cpu_percent": system_cpu, "workers": 0}
+    f = find(make_state(data=3.0, fwd=3, bwd=3, opt=1, other=0, model={"loaders": [LOADER]}, host=host), "input-bound")
+    assert advice in f.fix, f.fix
+
+
 def test_a_profile_with_few_steps_gets_only_the_rules_that_read_it():
     """A short run that was profiled almost throughout (--profile-every N with a window of N steps) has a window
     but fewer than min_steps steps outside windows: the step rules stay silent (the priority read "Biggest phase:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
+from perfmon.analysis.rules.host_cpu import other_processes_cpus
 from perfmon.messages import LoaderSettings, as_sent, training_loader
 
 
@@ -54,7 +55,11 @@ def _loader_fixes(f: Facts) -> list[str]:
     steps = []
     if loader:
         nw = loader.num_workers
-        if nw < cpus:
+        others = other_processes_cpus(f.host) or 0.0
+        if nw < cpus and others >= cpus - 1.0 + 0.25:  # other processes leave less than a CPU: workers would wait too
+            steps.append(f"free CPUs before raising DataLoader(num_workers={nw}): other processes use {others:.1f} of "
+                         f"this host's {cpus} CPUs, and more workers would wait for a CPU too (a host of its own)")
+        elif nw < cpus:
             steps.append(f"raise DataLoader(num_workers={nw}) towards {min(cpus, max(2 * nw, 4))} (this host has {cpus} CPUs)")
         if not loader.pin_memory and f.gpus:
             steps.append("set pin_memory=True so host-to-device copies overlap")
