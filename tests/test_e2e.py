@@ -1288,6 +1288,21 @@ def test_python_dev_mode_shows_no_warning_of_perfmons_own(env, tmp_path):
     assert "Warning" not in plain.stderr and "Warning" not in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("module, said", [
+    ("pkg.missing", "No module named pkg.missing"),
+    ("pkg", "No module named pkg.__main__; 'pkg' is a package and cannot be directly executed"),
+])
+def test_a_module_runpy_cannot_run_is_one_line_not_a_traceback(env, tmp_path, module, said):
+    """``-m pkg.missing`` (its package exists) and ``-m pkg`` without ``__main__``: python says one line; perfmon
+    printed runpy's traceback."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    plain = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert plain.returncode == 1 and plain.stderr.strip().endswith(said)
+    res = headless(tmp_path / "run", module, env=env, cwd=tmp_path)
+    assert res.returncode == 2 and f"perfmon: error: {said}\n" in res.stderr and "Traceback" not in res.stderr
+
+
 #: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
 #: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
 TORCH_LOOKED_UP_FIRST = """

@@ -115,8 +115,10 @@ def main(argv: list[str]) -> int:
         _trim_chain(exc)
         _print_uncaught(exc)  # python hands an uncaught Ctrl-C to sys.excepthook too (rich's, loguru's)
     except ImportError as exc:
-        if module is not None and getattr(exc, "name", None) == module.split(".")[0] and _trim(exc.__traceback__) is None:
-            print(f"perfmon: error: No module named {module!r}", file=sys.stderr)
+        if module is not None and _trim(exc.__traceback__) is None:
+            # runpy's own: no such module (``pkg.missing`` too, once ``pkg`` imported), or a package without a
+            # ``__main__``: one line, as python's ``-m`` says it, not a traceback through runpy
+            print(f"perfmon: error: {exc}", file=sys.stderr)
             exit_info.update(code=2, exception=f"ImportError: {exc}")
         else:
             exit_info.update(_exception_info(exc))
