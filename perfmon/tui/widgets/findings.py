@@ -122,6 +122,17 @@ def headline(row: FindingRow, st: dict[str, Style], open_: bool | None = None) -
     return line
 
 
+def hanging_headline(row: FindingRow, st: dict[str, Style], open_: bool) -> Table:
+    """:func:`headline` for the findings view: a title too long for one line goes on under its own start."""
+    full = headline(row, st, open_)
+    mark_width = 2 + len(MARKS.get(row.severity, "●")) + 1 + max(9, len(row.severity))
+    grid = Table.grid(pad_edge=False)
+    grid.add_column(no_wrap=True, width=mark_width)
+    grid.add_column(ratio=1)
+    grid.add_row(full[:mark_width], full[mark_width:])
+    return grid
+
+
 def details(row: FindingRow, st: dict[str, Style]) -> Table:
     grid = Table.grid(padding=(0, 1), pad_edge=False)
     grid.add_column(width=4, no_wrap=True)
@@ -174,7 +185,7 @@ class FindingsPanel(Vertical):
             self._panel_styles = _styles(self, self.COMPONENT_CLASSES)
         st = self._panel_styles
         open_ = row.id in self.expanded
-        head = headline(row, st, open_)
+        head = hanging_headline(row, st, open_)
         return Group(head, details(row, st)) if open_ else head
 
     def watch_info(self, info: FindingsInfo | None) -> None:
