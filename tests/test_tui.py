@@ -290,6 +290,9 @@ async def test_q_on_running_job_then_detach(tmp_path: Path) -> None:
         await pilot.press("q")
         assert isinstance(app.screen, QuitScreen)
         assert "[s]   stop training" in screen_text(app)
+        await pilot.pause()
+        footer = screen_text(app).splitlines()[-1]  # the dialog's keys, not the dashboard's (q did nothing here)
+        assert "s Stop training" in footer and "d Detach" in footer and "Quit" not in footer, footer
         await pilot.press("d")
         await wait_until(pilot, lambda: not app.is_running)
     assert app.outcome == "detached"

@@ -10,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Footer, Static
 
 STOP, DETACH = "stop", "detach"
 
@@ -44,6 +44,7 @@ class QuitScreen(ModalScreen[str | None]):
         text.append("[esc]", "bold").append(" cancel")
         with Vertical(id="dialog"):
             yield Static(text)
+        yield Footer()  # this dialog's keys: the dashboard's own footer under it named keys that do nothing here
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "choose" and parameters == (STOP,) and not self.can_stop:
