@@ -100,8 +100,9 @@ async def test_header_shows_run(tmp_path: Path) -> None:
         assert "exited 0" in text
         assert "CPU only — no GPU" in text
         assert f"elapsed {fmt.duration(app.state.elapsed())}" in text
-        assert f"steps/s {fmt.rate(app.state.steps_per_s())}" in text
-        assert f"samples/s {fmt.rate(app.state.samples_per_s())}" in text
+        # the run is over: the whole run's rates, as its summary gives them
+        assert f"steps/s {fmt.rate(app.state.steps_per_s(recent=False))}" in text
+        assert f"samples/s {fmt.rate(app.state.samples_per_s(recent=False))}" in text
 
 
 async def test_header_running_and_unknown_rates(tmp_path: Path) -> None:
