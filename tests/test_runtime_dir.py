@@ -286,3 +286,9 @@ def test_two_launches_into_one_run_dir_at_once_leave_it_to_the_first(tmp_path):
     (run / paths.LAUNCH_LOCK).write_text("999999999")  # a launcher killed mid-launch: its lock is taken over
     proc = TrainingProcess(Target(str(script), None), run).start()
     assert proc.wait() == 0 and not (run / paths.LAUNCH_LOCK).exists()  # and let go once the job ended
+    other = tmp_path / "other"  # a launcher that leaves before its job ends (a detach) lets go as it exits
+    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from perfmon.monitor.launch import "
+                    "Target, TrainingProcess; p = TrainingProcess(Target('x.py', None), Path(sys.argv[1])); "
+                    "p.run_dir.mkdir(); p._lock_run_dir(); assert (p.run_dir / '.perfmon-launch').exists()",
+                    str(other)], check=True, timeout=60)
+    assert other.is_dir() and not (other / paths.LAUNCH_LOCK).exists()

@@ -10,6 +10,7 @@ would have reached the script under plain python (SIGTERM, SIGUSR1, SIGUSR2) are
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
 import shutil
@@ -269,6 +270,7 @@ class TrainingProcess:
             with os.fdopen(fd, "w") as f:
                 f.write(str(os.getpid()))
             self._locked = True
+            atexit.register(self._unlock_run_dir)  # a launcher that leaves first (a detach) lets go of it too
             return
         raise LaunchError(f"run dir {self.run_dir} is in use by another perfmon; choose another --run-dir")
 
