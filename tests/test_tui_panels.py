@@ -329,7 +329,7 @@ async def test_ops_filled_and_sort_cycles(tmp_path: Path) -> None:
         age = fmt.ago(CLOCK - prof.t)
         text = screen_text(app)
         assert f"window: step {fmt.count(prof.step)} · 3 steps · on demand · cpu · {age} · sort: self time (s)" in text
-        assert "syncs/step n/a (CPU run) · device busy n/a · 155 ops · trace gpu-box-07_4242" in text
+        assert f"syncs/step n/a (CPU run) · device busy n/a · 155 ops, top {len(prof.top_ops)} kept · trace gpu-box-07" in text
         for label, key in [*SORTS, SORTS[0]]:
             assert panel.info.sort == label
             want = sorted(prof.top_ops, key=lambda op: (getattr(op, key), op.self_ms), reverse=True)

@@ -201,6 +201,8 @@ class OpsView:
                     line.append(f" · {label} ", st["label"]).append(fmt.share(value), st["value"])
         if info.ops_total is not None:
             line.append(" · ", st["label"]).append(fmt.count(info.ops_total), st["value"]).append(" ops", st["label"])
+            if info.ops_total > len(info.rows):  # the window's every op, of which the top few are kept and sorted
+                line.append(f", top {len(info.rows)} kept", st["label"])
         line.append(" · trace ", st["label"])
         line.append(Path(info.trace).name if info.trace else fmt.NA, st["value"])
         return line
