@@ -15,12 +15,25 @@ class BackgroundGenerator(threading.Thread):
         super().__init__(daemon=True)
         self.queue = queue.Queue(max_prefetch)
         self.generator = generator
+        self.stopped = False
         self.start()
 
     def run(self):
         for item in self.generator:
+            if self.stopped:
+                return
             self.queue.put(item)
         self.queue.put(None)
+
+    def close(self):
+        """Stop fetching and wait for the thread: a daemon thread still inside torch as the interpreter ends can
+        abort the process ("terminate called without an active exception")."""
+        self.stopped = True
+        while self.is_alive():
+            try:
+                self.queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
 
     def __iter__(self):
         return self
@@ -37,7 +50,8 @@ model = mlp()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 step = 0
 while step < a.steps:
-    for x, y in BackgroundGenerator(DataLoader(SlowDataset(0.0005), batch_size=32, num_workers=0)):
+    batches = BackgroundGenerator(DataLoader(SlowDataset(0.0005), batch_size=32, num_workers=0))
+    for x, y in batches:
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -45,4 +59,5 @@ while step < a.steps:
         step += 1
         if step >= a.steps:
             break
+    batches.close()
 print("done", step)
