@@ -290,6 +290,13 @@ def _status_of(run: dict) -> dict:
     return {"monitors": run.get("monitors", "?"), "steps": run["steps"] if isinstance(run.get("steps"), int) else 0}
 
 
+def _remove_if_empty(run_dir: Path) -> None:
+    try:
+        run_dir.rmdir()
+    except OSError:
+        pass
+
+
 def _attach(argv: list[str]) -> int:
     from perfmon.monitor.discovery import AttachError, find_run
     from perfmon.monitor.sources import LiveSource
@@ -553,9 +560,12 @@ def _main(argv: list[str] | None = None) -> int:
     except LaunchError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2
-    run_dir = args.run_dir or default_run_dir(target.name)
+    # a default name is claimed (made, atomically): two launches in one second never share a run dir
+    run_dir = args.run_dir or default_run_dir(target.name, claim=True)
     exports = _exports(args, run_dir)
     if exports is False:
+        if not args.run_dir:
+            _remove_if_empty(run_dir)
         return 2
     if not args.headless and not _has_terminal():
         print("perfmon: no terminal (stdin/stdout is not a TTY): running headless; script output on stdout, "

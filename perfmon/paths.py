@@ -181,9 +181,6 @@ def stderr_log(run_dir: Path) -> Path:
 #: A multi-rank job's launcher status (torchrun's exit), in the job dir: ``{"schema": 1, "returncode": int}``. The
 #: ranks may all exit 0 from their own SIGTERM handlers while torchrun exits 1: the report reads it from here.
 LAUNCHER_EXIT = "launcher-exit.json"
-#: held (created exclusively, with its pid) by the launcher whose job uses the run dir: two launches into one run dir
-#: at the same moment both found it free of a recording, and mixed their output and recordings
-LAUNCH_LOCK = ".perfmon-launch"
 
 
 def trace_analysis(trace: Path) -> Path:

@@ -275,20 +275,32 @@ def test_two_launches_into_one_run_dir_at_once_leave_it_to_the_first(tmp_path):
     script = tmp_path / "quick.py"
     script.write_text("print('hi')\n")
     run = tmp_path / "run"
-    first = TrainingProcess(Target(str(script), None), run)
     run.mkdir()
+    first = TrainingProcess(Target(str(script), None), run)
     first._lock_run_dir()  # the first launch, between its check for a recording and its agent's first line
-    with pytest.raises(LaunchError, match=rf"is in use by another perfmon \(pid {os.getpid()}\)"):
+    with pytest.raises(LaunchError, match="is in use by another perfmon launch"):
         TrainingProcess(Target(str(script), None), run).start()
     assert not (run / paths.OUTPUT_LOG).exists()  # the second wrote nothing there
-    first._unlock_run_dir()
-    assert not (run / paths.LAUNCH_LOCK).exists()
-    (run / paths.LAUNCH_LOCK).write_text("999999999")  # a launcher killed mid-launch: its lock is taken over
-    proc = TrainingProcess(Target(str(script), None), run).start()
-    assert proc.wait() == 0 and not (run / paths.LAUNCH_LOCK).exists()  # and let go once the job ended
-    other = tmp_path / "other"  # a launcher that leaves before its job ends (a detach) lets go as it exits
-    subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from perfmon.monitor.launch import "
-                    "Target, TrainingProcess; p = TrainingProcess(Target('x.py', None), Path(sys.argv[1])); "
-                    "p.run_dir.mkdir(); p._lock_run_dir(); assert (p.run_dir / '.perfmon-launch').exists()",
-                    str(other)], check=True, timeout=60)
-    assert other.is_dir() and not (other / paths.LAUNCH_LOCK).exists()
+    (tmp_path / "other").mkdir()
+    held = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                             "from perfmon.monitor.launch import Target, TrainingProcess; "
+                             "TrainingProcess(Target('x.py', None), Path(sys.argv[1]))._lock_run_dir(); "
+                             "print('held', flush=True); time.sleep(60)", str(tmp_path / "other")],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout.readline() == "held\n"
+        with pytest.raises(LaunchError, match="in use"):  # another process's launch holds it
+            TrainingProcess(Target(str(script), None), tmp_path / "other").start()
+    finally:
+        held.kill()  # a launcher killed: the kernel lets go of its lock, nothing stale is left
+        held.wait()
+    proc = TrainingProcess(Target(str(script), None), tmp_path / "other").start()
+    assert proc.wait() == 0
+
+
+def test_default_run_dirs_chosen_in_one_second_are_each_their_own(tmp_path):
+    from perfmon.paths import default_run_dir
+
+    first = default_run_dir("train.py", root=tmp_path, now=1e9, claim=True)
+    second = default_run_dir("train.py", root=tmp_path, now=1e9, claim=True)
+    assert first != second and first.is_dir() and second.is_dir() and second.name == first.name + "-2"

@@ -10,7 +10,7 @@ would have reached the script under plain python (SIGTERM, SIGUSR1, SIGUSR2) are
 
 from __future__ import annotations
 
-import atexit
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -201,7 +201,7 @@ class TrainingProcess:
         self.python = python or plain_python(sys.executable)
         self.popen: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
-        self._locked = False  # this launch holds the run dir's paths.LAUNCH_LOCK
+        self._lock_fd: int | None = None  # the run dir, open and flock()ed by this launch
         self._stops = 0
         #: signals perfmon itself escalated to (a repeated stop): the job dying of one is not re-raised on perfmon
         self.escalated: set[int] = set()
@@ -247,40 +247,26 @@ class TrainingProcess:
         return {"PERFMON_RUNTIME_DIR": str(private)}
 
     def _lock_run_dir(self) -> None:
-        """Take the run dir for this launch (:data:`paths.LAUNCH_LOCK`), or say whose it is; a lock whose launcher is
-        gone (killed) is taken over."""
-        lock = self.run_dir / paths.LAUNCH_LOCK
-        for _ in range(2):
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    holder = int(lock.read_text().strip() or 0)
-                    fresh = time.time() - lock.stat().st_mtime < 5.0
-                except (OSError, ValueError):
-                    holder, fresh = 0, False
-                # no pid in it yet: another launcher is between creating it and writing its pid
-                if (holder and paths.pid_alive(holder)) or (not holder and fresh):
-                    raise LaunchError(f"run dir {self.run_dir} is in use by another perfmon (pid {holder}); choose "
-                                      "another --run-dir") from None
-                lock.unlink(missing_ok=True)
-                continue
-            except OSError as exc:
-                raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
-            with os.fdopen(fd, "w") as f:
-                f.write(str(os.getpid()))
-            self._locked = True
-            atexit.register(self._unlock_run_dir)  # a launcher that leaves first (a detach) lets go of it too
+        """Hold an exclusive lock on the run dir for this launcher's life (``flock`` on the directory itself: the
+        kernel lets go however the launcher ends, a detach, a crash, SIGKILL); another launcher holding it is said.
+        Two launches into one run dir at the same moment both found it free of a recording, and mixed their output,
+        recordings and summaries."""
+        try:
+            fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LaunchError(f"run dir {self.run_dir} is in use by another perfmon launch; choose another "
+                              "--run-dir") from None
+        except OSError:  # a filesystem without flock: the recording check below is all there is
+            os.close(fd)
             return
-        raise LaunchError(f"run dir {self.run_dir} is in use by another perfmon; choose another --run-dir")
-
-    def _unlock_run_dir(self) -> None:
-        if self._locked:
-            self._locked = False
-            (self.run_dir / paths.LAUNCH_LOCK).unlink(missing_ok=True)
+        self._lock_fd = fd  # held open, and so locked, until this process ends
 
     def _job_ended(self) -> None:
-        self._unlock_run_dir()
         if self._private_runtime is not None:
             shutil.rmtree(self._private_runtime, ignore_errors=True)
             self._private_runtime = None
@@ -292,14 +278,14 @@ class TrainingProcess:
         return f"{self.run_dir / paths.OUTPUT_LOG}, {paths.STDERR_LOG}"
 
     def start(self) -> TrainingProcess:
-        if (self.run_dir / "events.jsonl").exists() or any(
-                (d / "events.jsonl").exists() for _, d in paths.rank_dirs(self.run_dir)):
-            raise LaunchError(f"run dir {self.run_dir} already holds a recording; choose another --run-dir")
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
         self._lock_run_dir()
+        if (self.run_dir / "events.jsonl").exists() or any(
+                (d / "events.jsonl").exists() for _, d in paths.rank_dirs(self.run_dir)):
+            raise LaunchError(f"run dir {self.run_dir} already holds a recording; choose another --run-dir")
         try:
             # an earlier launch's status (a job that recorded nothing, in a run dir used again) is not this one's
             (self.run_dir / paths.LAUNCHER_EXIT).unlink(missing_ok=True)
@@ -312,7 +298,6 @@ class TrainingProcess:
             for name in (paths.OUTPUT_LOG, paths.STDERR_LOG):  # readable here whatever the script deletes
                 hold_for_tails(self.run_dir / name)
         except OSError as exc:
-            self._unlock_run_dir()
             raise LaunchError(f"cannot create run dir {self.run_dir}: {exc.strerror or exc}") from None
         env = dict(os.environ, **self.extra_env, PERFMON_RUN_DIR=str(self.run_dir.resolve()),
                    KINETO_LOG_LEVEL=os.environ.get("KINETO_LOG_LEVEL", "6"),
