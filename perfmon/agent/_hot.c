@@ -487,12 +487,14 @@ typedef struct {
     PyObject_HEAD
     long depth, in_data, in_root, in_backward;
     unsigned long train_thread;  /* the thread that trains (the last to run a backward); 0: not known */
-    unsigned long thread_switches;  /* backwards on another thread than the last one's: loops side by side */
+    unsigned long prev_thread;  /* the thread that trained before train_thread */
+    unsigned long thread_returns;  /* backwards back on the thread before the last one: loops side by side */
     char pending, explicit_, optimizers_seen, discovering;
     PyObject *single;    /* id() of the loop's one optimizer, once learned, or None */
     PyObject *ring;      /* the agent's Ring while the hooks may write to it, else None */
     PyObject *sink;      /* Instrumentation.fast: a callable taking one event tuple, or None */
     PyObject *commands;  /* the agent's Commands (a CommandState), or None */
+    PyObject *engine_node;  /* torch._C._current_autograd_node: not None inside the autograd engine */
 } State;
 
 /* -- CommandState: what a step's end looks at of commands.Commands --------------------------------------- */
@@ -508,11 +510,13 @@ static PyTypeObject StateType, CommandStateType;
 
 static int State_traverse(State *self, visitproc visit, void *arg) {
     Py_VISIT(self->single); Py_VISIT(self->ring); Py_VISIT(self->sink); Py_VISIT(self->commands);
+    Py_VISIT(self->engine_node);
     return 0;
 }
 
 static int State_clear(State *self) {
     Py_CLEAR(self->single); Py_CLEAR(self->ring); Py_CLEAR(self->sink); Py_CLEAR(self->commands);
+    Py_CLEAR(self->engine_node);
     return 0;
 }
 
@@ -555,14 +559,17 @@ static PyMemberDef State_members[] = {
      "inside a backward (module calls there recompute checkpointed activations: backward time)"},
     {"train_thread", T_ULONG, offsetof(State, train_thread), 0,
      "threading.get_ident() of the thread that trains; fetches and forwards on others are not its steps' time"},
-    {"thread_switches", T_ULONG, offsetof(State, thread_switches), 0,
-     "backwards run on another thread than the one before (two loops training at once switch all the time)"},
+    {"prev_thread", T_ULONG, offsetof(State, prev_thread), 0, "the thread that trained before train_thread"},
+    {"thread_returns", T_ULONG, offsetof(State, thread_returns), 0,
+     "backwards back on the thread that trained before the last one (two loops training at once take turns)"},
     {"pending", T_BOOL, offsetof(State, pending), 0, "a step's update ended: the next iteration ends the step"},
     {"explicit", T_BOOL, offsetof(State, explicit_), 0, "perfmon.step() ends steps"},
     {"optimizers_seen", T_BOOL, offsetof(State, optimizers_seen), 0, "an optimizer exists: a backward ends no step"},
     {"discovering", T_BOOL, offsetof(State, discovering), 0, "looking for the root modules"},
     {"single", T_OBJECT, offsetof(State, single), 0, "id() of the loop's one optimizer, or None"},
     {"sink", T_OBJECT, offsetof(State, sink), 0, "where events go while host timing is all there is, or None"},
+    {"engine_node", T_OBJECT, offsetof(State, engine_node), 0,
+     "torch._C._current_autograd_node, or None: a backward called inside the autograd engine is a nested one"},
     {NULL},
 };
 
@@ -782,6 +789,20 @@ typedef struct {
     int kind;
 } Timed;
 
+/* A backward called from inside the autograd engine (a reentrant checkpoint's, on autograd's device thread): not a
+ * thread that trains. Asked only while some backward runs, and only on a thread that is not the training one. */
+static int nested_backward(State *st) {
+    if (st->in_backward == 0 || st->engine_node == NULL || st->engine_node == Py_None) return 0;
+    PyObject *node = PyObject_CallNoArgs(st->engine_node);
+    if (node == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int nested = node != Py_None;
+    Py_DECREF(node);
+    return nested;
+}
+
 static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Timed *self = (Timed *)op;
     PyObject *inst = self->inst;
@@ -790,8 +811,11 @@ static PyObject *Timed_vectorcall(PyObject *op, PyObject *const *args, size_t na
     int phase = data ? PH_DATA : PH_BACKWARD;
     unsigned long me = PyThread_get_thread_ident();
     if (!data) {  /* a backward: this thread trains */
-        if (st->train_thread != me && st->train_thread != 0) st->thread_switches++;
-        st->train_thread = me;
+        if (st->train_thread != me && !nested_backward(st)) {
+            if (st->train_thread != 0 && me == st->prev_thread) st->thread_returns++;
+            st->prev_thread = st->train_thread;
+            st->train_thread = me;
+        }
     }
     else if (st->train_thread != 0 && st->train_thread != me) {
         /* a prefetching thread: it overlaps the steps; how long it fetches is counted apart */

@@ -98,6 +98,15 @@ def _compiling() -> Callable[[], bool]:
     return fn if callable(fn) else (lambda: False)
 
 
+def _inside_engine(bounds: Any) -> bool:
+    """This thread runs inside the autograd engine (a backward called by a reentrant checkpoint's backward, on
+    autograd's device thread): its backward is nested, not a thread's own training."""
+    try:
+        return bounds.engine_node is not None and bounds.engine_node() is not None
+    except Exception:  # noqa: BLE001 - never into training
+        return False
+
+
 def _script_target(proc: Any) -> str | None:
     """The name of what a ``multiprocessing`` process runs, where the script wrote it (in the script, or in a module
     beside it); None for what a library runs (DataLoader workers, pools, managers, joblib's workers, a builtin)."""
@@ -254,6 +263,7 @@ class Instrumentation:
         # the thread that imported torch trains, until a backward elsewhere says otherwise: fetches, forwards and
         # saves on other threads (a prefetching generator, an async checkpoint) overlap the steps, not part of them
         self.bounds.train_thread = get_ident()
+        self.bounds.engine_node = getattr(torch._C, "_current_autograd_node", None)
         for name, patch in (("DataLoader", self._patch_dataloader), ("backward", self._patch_backward),
                             ("optimizer", self._hook_optimizer), ("GradScaler", self._patch_grad_scaler),
                             ("torch.save", self._patch_save), ("torch.compile", self._patch_compile),
@@ -401,10 +411,10 @@ class Instrumentation:
 
         def make(orig: Callable) -> Callable:
             def backward(*args: Any, **kwargs: Any) -> Any:
-                me = get_ident()  # a backward: this thread trains
-                if bounds.train_thread != me:
-                    bounds.thread_switches += bounds.train_thread != 0
-                    bounds.train_thread = me
+                me = get_ident()  # a backward: this thread trains (not one inside the engine: a checkpoint's)
+                if bounds.train_thread != me and not (bounds.in_backward and _inside_engine(bounds)):
+                    bounds.thread_returns += bool(bounds.train_thread) and me == bounds.prev_thread
+                    bounds.prev_thread, bounds.train_thread = bounds.train_thread, me
                 fast = bounds.sink
                 if fast is not None and (bounds.depth or not bounds.pending):
                     bounds.depth += 1

@@ -31,13 +31,15 @@ HOT = accelerator()
 class _PyHotState:
     """The training thread's hot state, in Python (``_hot.State`` where built)."""
 
-    __slots__ = ("depth", "in_data", "in_root", "in_backward", "train_thread", "thread_switches", "pending", "explicit",
-                 "optimizers_seen", "discovering", "single", "ring", "sink", "commands")
+    __slots__ = ("depth", "in_data", "in_root", "in_backward", "train_thread", "prev_thread", "thread_returns",
+                 "pending", "explicit",
+                 "optimizers_seen", "discovering", "single", "ring", "sink", "commands", "engine_node")
 
     def __init__(self) -> None:
         self.depth = 0
         self.train_thread = 0  # the thread that trains (the last to run a backward); 0: not known
-        self.thread_switches = 0  # backwards on another thread than the one before: loops training side by side
+        self.prev_thread = 0  # the thread that trained before train_thread
+        self.thread_returns = 0  # backwards back on the thread before the last one: loops training side by side
         self.in_data = 0  # inside a DataLoader fetch: module calls there are transforms, not the model
         self.in_root = 0  # inside a root's forward: same-class submodules are not roots
         self.in_backward = 0  # inside a backward: module calls there recompute checkpointed activations
@@ -49,6 +51,7 @@ class _PyHotState:
         self.ring: Any = None  # the C hooks' buffer: never set without them
         self.sink: Any = None
         self.commands: Any = None
+        self.engine_node: Any = None  # torch._C._current_autograd_node: not None inside the autograd engine
 
 
 class EventDeque(deque):

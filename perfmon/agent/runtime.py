@@ -54,8 +54,9 @@ IDLE_TICK = 2.0
 #: Events that wake a sleeping publisher (the C ring calls it when it comes to hold this many): a sudden burst at
 #: ~1M events/s after an idle stretch is flushed at FLUSH_EVENTS-sized batches, far from EVENT_BUFFER.
 WAKE_EVENTS = 2 * FLUSH_EVENTS
-#: Backwards that changed thread within one tick: loops training side by side (one after another changes once).
-THREAD_SWITCHES = 4
+#: Backwards back on a thread that trained before the last one did: loops training side by side in threads take
+#: turns all the time; a training thread that hands over to another and back (an evaluation thread) does so once.
+THREAD_RETURNS = 3
 SIDE_BY_SIDE = ("backward runs on several threads in turn: training loops side by side in threads are one loop to "
                 "perfmon, so their step count and phases mix them up (run each loop in a process of its own, e.g. "
                 "multiprocessing or torchrun, to have each counted)")
@@ -105,7 +106,7 @@ class Agent:
         self._clock_offset = time.time() - time.perf_counter()
         self._warned_recording = False
         self._overflow_said = False
-        self._switches_seen = 0  # the hooks' count of backwards that changed thread at the last tick (-1: said)
+        self._side_by_side_said = False
         #: rows a flush sends monitors: LIVE_ROWS a tick, fewer when the publisher ticks sooner (the same rows/s)
         self._live_rows = LIVE_ROWS
         self.recorder = Recorder(run_dir)
@@ -538,17 +539,15 @@ class Agent:
         return n
 
     def _check_threads(self) -> None:
-        """Say once when backwards keep changing thread: loops training side by side in threads, whose steps perfmon
-        cannot tell apart (one after another, a thread each, changes thread once per loop)."""
+        """Say once when backwards keep going back to a thread that trained before another did: loops training side
+        by side in threads, whose steps perfmon cannot tell apart (loops one after another, a thread each, never
+        go back), however slow their steps."""
         inst = self._instrumentation
-        if inst is None or self._switches_seen == -1:
+        if inst is None or self._side_by_side_said:
             return
-        switches = inst.bounds.thread_switches
-        if switches - self._switches_seen >= THREAD_SWITCHES:
-            self._switches_seen = -1
+        if inst.bounds.thread_returns >= THREAD_RETURNS:
+            self._side_by_side_said = True
             self.warn(SIDE_BY_SIDE)
-            return
-        self._switches_seen = switches
 
     def _sleep(self, seconds: float) -> None:
         """Sleep until ``seconds`` pass or the alarm rings; take every item the alarm left."""
