@@ -73,7 +73,6 @@ class Tail:
         self._ino: int | None = None
         self._file: BinaryIO | None = None
         self._mark = b""  # the last bytes read, still there unless the file was rewritten since (see read)
-        self._mtime = 0
 
     def read(self, limit: int | None = None) -> bytes:
         """Bytes appended since the last call, at most ``limit`` (default ``max_read``); ``b""`` when
@@ -91,11 +90,10 @@ class Tail:
                 # read from the byte before ``start``: if it ends a line, the line at ``start`` is kept
                 self.offset, self._skipping = (start - 1, True) if start > 0 else (0, False)
                 self._near_end = None
-            elif st.st_size < self.offset or (st.st_mtime_ns != self._mtime and self._rewritten(f)):
+            elif st.st_size < self.offset or self._rewritten(f):
                 # truncated; or truncated and written again past where we were (``open("/dev/stdout", "w")`` in a
                 # script whose stdout is this file), which its size alone does not show
                 self.offset, self._partial, self._skipping, self._mark = 0, b"", False, b""
-            self._mtime = st.st_mtime_ns
             f.seek(self.offset)
             data = f.read(self.max_read if limit is None else limit)
         except OSError:
@@ -108,7 +106,8 @@ class Tail:
         return data
 
     def _rewritten(self, f: BinaryIO) -> bool:
-        """The bytes last read are no longer where they were."""
+        """The bytes last read are no longer where they were (one small pread a poll: an mtime can stay the same
+        over a rewrite within one clock tick)."""
         mark = self._mark
         if not mark or self.offset < len(mark):
             return False
@@ -132,7 +131,7 @@ class Tail:
                     self._file = open(self.path, "rb")  # noqa: SIM115 - held across reads, closed by close()
                 if self._file is not None:
                     self._ino = os.fstat(self._file.fileno()).st_ino
-            except OSError:
+            except (OSError, ValueError):  # ValueError: a held file closed at exit while a thread still polls
                 self._file = None
         return self._file
 

@@ -1278,8 +1278,9 @@ def test_a_script_that_leads_its_own_process_group_runs_as_under_plain_python(en
     ("import sys\nsys.exit(256)\n", 0),  # the parent sees the low byte of the code
     ("import sys\nsys.exit(-1)\n", 255),
     ("import sys\nsys.exit(True)\n", 1),
+    ("import sys\nsys.exit(2**100)\n", 255),
     ("import sys\nsys.stderr = None\nsys.exit('bye')\n", 1),  # the message on fd 2 all the same
-], ids=["256", "-1", "True", "message-without-stderr"])
+], ids=["256", "-1", "True", "2**100", "message-without-stderr"])
 def test_sys_exit_ends_and_is_recorded_as_under_plain_python(env, tmp_path, source, status):
     plain, res, run = plain_and_headless(source, "leaves.py", env, tmp_path)
     assert plain.returncode == res.returncode == status

@@ -106,7 +106,8 @@ def main(argv: list[str]) -> int:
         if code is None:
             exit_info["code"] = 0
         elif isinstance(code, int):
-            exit_info["code"] = int(code) & 0xFF  # the status the parent sees: sys.exit(256) exits 0, (-1) 255
+            # the status the parent sees: sys.exit(256) exits 0, (-1) 255, and one past a C long (2**100) 255
+            exit_info["code"] = int(code) & 0xFF if -2**63 <= int(code) < 2**63 else 255
         else:
             _say_exit_message(code)
             exit_info["code"] = 1

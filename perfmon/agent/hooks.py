@@ -157,6 +157,7 @@ class Instrumentation:
         #: classes whose __call__ perfmon wrapped: original, wrapper, whether the class defined it itself
         self._calls: dict[type, tuple[Any, Callable, bool]] = {}
         self._lifted = False  # the wrappers are off (_calls_lifted)
+        self._discovery_retired = [False]  # the discovery wrapper calls straight on: discovery over, left in place
         self._module_depth = 0  # module calls open on the training thread (discovery only)
         self._top_calls = 0
         self._candidates: dict[int, torch.nn.Module] = {}
@@ -785,9 +786,10 @@ class Instrumentation:
         self._calls[cls] = (original, wrapped, had_own)
         cls.__call__ = wrapped  # type: ignore[method-assign]
 
-    def _unwrap_call(self, cls: type) -> None:
+    def _unwrap_call(self, cls: type) -> bool:
+        """Take perfmon's wrapper off ``cls.__call__``; False where one of the script's stays on top of it."""
         original, wrapped, had_own = self._calls.pop(cls)
-        self._put_back(cls, original, wrapped, had_own)
+        return self._put_back(cls, original, wrapped, had_own)
 
     @staticmethod
     def _put_back(cls: type, original: Callable, wrapped: Callable, had_own: bool) -> bool:
@@ -869,6 +871,9 @@ class Instrumentation:
         compiling = _compiling()
         inst = self
         bounds = self.bounds
+        # set once discovery is over where the wrapper could not be taken out (the script wrapped it since): calls
+        # that still pass through it go straight on, as if it were gone
+        retired = self._discovery_retired = [False]
 
         def make(original: Callable) -> Callable:
             def plain_inside(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -880,7 +885,7 @@ class Instrumentation:
                     return original(mod, *args, **kwargs)
 
             def __call__(mod: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
-                if compiling():  # first, alone: dynamo folds it and reads nothing of perfmon's
+                if compiling() or retired[0]:  # compiling first, alone: dynamo folds it and reads nothing of ours
                     return original(mod, *args, **kwargs)
                 if bounds.train_thread != get_ident():  # another thread's calls: not the loop's, and they must
                     return original(mod, *args, **kwargs)  # not make the training thread's look nested
@@ -916,8 +921,8 @@ class Instrumentation:
     def _stop_discovery(self) -> None:
         if self.bounds.discovering:
             self.bounds.discovering = False
-            if torch.nn.Module in self._calls:
-                self._unwrap_call(torch.nn.Module)
+            if torch.nn.Module in self._calls and not self._unwrap_call(torch.nn.Module):
+                self._discovery_retired[0] = True
 
     def finish_discovery(self, force: bool = False) -> None:
         """Time the roots found so far and unwrap ``nn.Module.__call__``; called at each step end while discovering.

@@ -103,9 +103,9 @@ class EarlySummary(threading.Thread):
         with self._writing:
             if self._cancelled.is_set():
                 return
-            with self.app.lock:
-                finalize_recording(self.proc.run_dir, self.app.state, returncode, self.rules,
-                                   complete=self.app.stream_ended)
+            # the lock only while the dashboard's state is read: a fast job's summary reads its whole recording
+            finalize_recording(self.proc.run_dir, self.app.state, returncode, self.rules,
+                               complete=self.app.stream_ended, lock=self.app.lock)
             self.written = True
 
     def cancel(self) -> None:

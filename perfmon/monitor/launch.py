@@ -10,6 +10,7 @@ would have reached the script under plain python (SIGTERM, SIGUSR1, SIGUSR2) are
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.util
 import os
@@ -466,51 +467,56 @@ def print_summary(text: Callable[[], str], run_dir: Path, err: Any, prefix: str 
 
 
 def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: Any = None,
-                       complete: bool = True) -> dict[str, Any] | None:
+                       complete: bool = True, lock: Any = None) -> dict[str, Any] | None:
     """Fold the process exit into ``state``; if the agent died without recording its exit
     (SIGKILL, os._exit), append the exit record; then write summary.json (analysis stays outside the job),
-    from ``state`` when it saw the whole stream, else from the recording."""
-    state.process_exited(returncode)
-    events = run_dir / "events.jsonl"
-    tail = tail_bytes(events)
-    if tail is None:
-        return None
-    written = tail[: tail.rfind(b"\n") + 1]  # a partial last line is not a record
+    from ``state`` when it saw the whole stream, else from the recording. ``lock``: held while ``state`` is read or
+    changed (a dashboard still drawing it), not while a recording is read again."""
     from perfmon.analysis.report import build_summary, write_summary
 
-    if not ends_with_exit(written):
-        assert state.exit is not None
-        msg = protocol.message(
-            "event", kind="exit", seq=state.last_seq + 1, t=time.time(), code=state.exit.code,
-            signal=state.exit.signal, exception=None, traceback=None, recorded_by="monitor",
-        )
-        try:
-            with open(events, "ab") as f:
-                if not tail.endswith(b"\n"):
-                    f.write(b"\n")  # the agent died mid-line: keep our record on a line of its own
-                f.write(protocol.encode(msg))
-        except OSError:
-            pass
-    # the live stream summarised a fast job: the recording is exact, unless it stopped early (a full disk)
-    if not complete or (state.bulk_steps and not state.recording_stopped):
-        from perfmon.analysis.report import ReportError, load_recording
+    def summarise(of: RunState) -> dict[str, Any] | None:
+        def write() -> dict[str, Any]:
+            findings = None
+            if rules is not None:
+                from perfmon.analysis.rules import evaluate_once
 
-        try:
-            state = load_recording(run_dir)
-        except ReportError:
-            return None
+                findings = evaluate_once(of, rules)
+            summary = build_summary(of, findings)
+            write_summary(run_dir, summary)
+            return summary
+
+        return guarded_summary(write, run_dir)  # the job's exit is recorded first, whatever the analysis does
+
+    with lock if lock is not None else contextlib.nullcontext():
         state.process_exited(returncode)
+        events = run_dir / "events.jsonl"
+        tail = tail_bytes(events)
+        if tail is None:
+            return None
+        written = tail[: tail.rfind(b"\n") + 1]  # a partial last line is not a record
+        if not ends_with_exit(written):
+            assert state.exit is not None
+            msg = protocol.message(
+                "event", kind="exit", seq=state.last_seq + 1, t=time.time(), code=state.exit.code,
+                signal=state.exit.signal, exception=None, traceback=None, recorded_by="monitor",
+            )
+            try:
+                with open(events, "ab") as f:
+                    if not tail.endswith(b"\n"):
+                        f.write(b"\n")  # the agent died mid-line: keep our record on a line of its own
+                    f.write(protocol.encode(msg))
+            except OSError:
+                pass
+        # the live stream summarised a fast job: the recording is exact, unless it stopped early (a full disk)
+        if complete and not (state.bulk_steps and not state.recording_stopped):
+            return summarise(state)
+    from perfmon.analysis.report import ReportError, load_recording
 
-    def summarise() -> dict[str, Any]:
-        findings = None
-        if rules is not None:
-            from perfmon.analysis.rules import evaluate_once
-
-            findings = evaluate_once(state, rules)
-        summary = build_summary(state, findings)
-        write_summary(run_dir, summary)
-        return summary
-
-    return guarded_summary(summarise, run_dir)  # the job's exit is recorded above, whatever the analysis does
+    try:
+        recorded = load_recording(run_dir)
+    except ReportError:
+        return None
+    recorded.process_exited(returncode)
+    return summarise(recorded)
 
 
