@@ -365,3 +365,25 @@ def test_the_warning_feed_groups_ranks_and_follows_a_restart():
     job.rank(0).reset()  # a replay that starts over: what it says again is said again
     job.rank(0).apply(protocol.message("event", kind="warning", message="w0", t=0.1))
     assert new_warnings(job, said) == ["warning (rank 0): w0"]
+
+
+@pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="needs tmux to run the dashboard in a terminal")
+def test_a_torchrun_job_under_the_dashboard_is_summarised_as_it_ends(env, tmp_path):  # noqa: F811
+    """Every rank's summary.json and the job's come with the job's end, while the dashboard still shows it: a
+    terminal that hangs up then (an SSH drop) kills perfmon before its own ending would write them."""
+    run = tmp_path / "run"
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    cmd = " ".join([*PERFMON, "--run-dir", str(run), "torchrun", "--nproc_per_node", "2", str(DDP), "--steps", "20"])
+    subprocess.run([*tmux, "new-session", "-d", "-s", "pm", "-x", "120", "-y", "40", f"cd {REPO} && {cmd}; sleep 60"],
+                   env=env, check=True)
+    try:
+        from test_e2e import wait_for
+
+        summary = wait_for(lambda: (run / "summary.json").exists() and json.loads((run / "summary.json").read_text()),
+                           "the job's summary.json while its dashboard is open", timeout=120)
+        assert summary["world_size"] == 2 and {r["steps"] for r in summary["ranks"]} == {20}
+        assert all((run / f"rank-{k}" / "summary.json").exists() for k in (0, 1))
+        screen = subprocess.run([*tmux, "capture-pane", "-p", "-t", "pm"], capture_output=True, text=True).stdout
+        assert "steps/s" in screen  # the dashboard is still the one on screen
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)

@@ -87,9 +87,9 @@ class EarlySummary(threading.Thread):
 
     STREAM_WAIT_S = 5.0  # for the agent's last messages (its exit record) to reach the dashboard's state
 
-    def __init__(self, proc: TrainingProcess, app: Any, rules: Config | None) -> None:
+    def __init__(self, proc: TrainingProcess, app: Any, rules: Config | None, job: Any = None) -> None:
         super().__init__(name="perfmon-early-summary", daemon=True)
-        self.proc, self.app, self.rules = proc, app, rules
+        self.proc, self.app, self.rules, self.job = proc, app, rules, job  # job: a torchrun job's JobState
         self._cancelled = threading.Event()
         self._writing = threading.Lock()
         self.written = False
@@ -97,15 +97,20 @@ class EarlySummary(threading.Thread):
     def run(self) -> None:
         returncode = self.proc.wait()
         deadline = time.monotonic() + self.STREAM_WAIT_S
-        while not self.app.stream_ended and time.monotonic() < deadline:
+        while self.job is None and not self.app.stream_ended and time.monotonic() < deadline:
             if self._cancelled.wait(0.05):
                 return
         with self._writing:
             if self._cancelled.is_set():
                 return
             # the lock only while the dashboard's state is read: a fast job's summary reads its whole recording
-            finalize_recording(self.proc.run_dir, self.app.state, returncode, self.rules,
-                               complete=self.app.stream_ended, lock=self.app.lock)
+            if self.job is not None:
+                from perfmon.monitor.job_run import finalize_job
+
+                finalize_job(self.proc.run_dir, self.job, returncode, self.rules, lock=self.app.lock)
+            else:
+                finalize_recording(self.proc.run_dir, self.app.state, returncode, self.rules,
+                                   complete=self.app.stream_ended, lock=self.app.lock)
             self.written = True
 
     def cancel(self) -> None:
@@ -179,7 +184,10 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
         exports.watch(app.lock, job=job, cfg=rules, send=source.send)
     if line:
         app.notice = line
+    early = EarlySummary(proc, app, rules, job=job)
+    early.start()
     app.run()
+    early.cancel()
     if exports is not None:
         exports.close()
     if node is not None and not (getattr(app, "outcome", "") == "detached" and proc.alive()):

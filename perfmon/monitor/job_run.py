@@ -3,6 +3,7 @@ when the launcher ends, complete each rank's recording and write the job's summa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -64,26 +65,32 @@ def follow_job(source: JobSource, job: JobState, lock: threading.Lock) -> thread
     return thread
 
 
-def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | None = None) -> dict[str, Any] | None:
+def finalize_job(run_dir: Path, job: JobState, returncode: int, rules: Config | None = None,
+                 lock: Any = None) -> dict[str, Any] | None:
     """The launcher ended: a rank whose agent died without recording its exit gets one (the job's
-    status), every rank's summary.json and the job's are written from the recordings."""
-    job.process_exited(returncode)
+    status), every rank's summary.json and the job's are written from the recordings. ``lock``: held while ``job``
+    is read or changed (a dashboard still drawing it), not while the recordings are read."""
+    held = lock if lock is not None else contextlib.nullcontext()
+    with held:
+        job.process_exited(returncode)
+        ranks = dict(job.ranks)
     try:  # what `perfmon report RUN` reads for the job's status later (the ranks' own exits may differ)
         (run_dir / paths.LAUNCHER_EXIT).write_text(json.dumps({"schema": 1, "returncode": returncode}) + "\n")
     except OSError:
         pass
     for rank, rank_dir in paths.rank_dirs(run_dir):
-        state = job.ranks.get(rank)
+        state = ranks.get(rank)
         if state is not None and (rank_dir / "events.jsonl").exists():
-            finalize_recording(rank_dir, state, returncode, rules, complete=False)
+            finalize_recording(rank_dir, state, returncode, rules, complete=False, lock=lock)
     try:
         recorded = load_job(run_dir)
     except ReportError:
         return None
     recorded.returncode = returncode
-    for rank, state in job.ranks.items():  # ranks of other nodes (multi-node hub): as their stream told
+    for rank, state in ranks.items():  # ranks of other nodes (multi-node hub): as their stream told
         recorded.ranks.setdefault(rank, state)
-    job.ranks = recorded.ranks
+    with held:
+        job.ranks = recorded.ranks
     return guarded_summary(lambda: write_job_summaries(recorded, run_dir, rules), run_dir)
 
 
