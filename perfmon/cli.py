@@ -400,6 +400,10 @@ def _replay(argv: list[str]) -> int:
     args = p.parse_args(argv)
     from perfmon.analysis.job import is_job_dir
 
+    if not _has_terminal():  # Textual would draw into a file or pipe, never read a key, and spin a core forever
+        print(f"perfmon: error: perfmon replay draws the dashboard, and there is no terminal here (stdin and stdout "
+              f"must be one); for the numbers: perfmon report {args.run_dir}", file=sys.stderr)
+        return 2
     if (ranks := spawned_job_of(run_dir_of(args.run_dir))) is not None:
         args.run_dir = ranks  # a script that spawned its ranks: replay their job
     if is_job_dir(args.run_dir):

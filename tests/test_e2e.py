@@ -1312,6 +1312,42 @@ def test_a_module_runpy_cannot_run_is_one_line_not_a_traceback(env, tmp_path, mo
     assert res.returncode == 2 and f"perfmon: error: {said}\n" in res.stderr and "Traceback" not in res.stderr
 
 
+#: Daemon-style code: every inherited descriptor closed, then files of its own opened (on the same numbers).
+CLOSES_ITS_DESCRIPTORS = """
+import os, time
+import torch
+m = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x = torch.randn(4, 8)
+def step():
+    opt.zero_grad()
+    m(x).sum().backward()
+    opt.step()
+for _ in range(5):
+    step()
+os.closerange(3, 4096)
+files = [open(f"mine-{i}.txt", "w") for i in range(12)]
+for _ in range(200):
+    step()
+    time.sleep(0.005)
+for f in files:
+    f.write("mine\\n")
+    f.close()
+print("sizes", [os.path.getsize(f"mine-{i}.txt") for i in range(12)])
+"""
+
+
+def test_a_script_that_closes_every_inherited_descriptor_keeps_its_files_and_its_steps(env, tmp_path):
+    """perfmon wrote its recording into the script's new files (their descriptors had the agent's numbers), closed
+    one of them under it (EBADF in the script) and recorded 0 steps."""
+    plain, res, run = plain_and_headless(CLOSES_ITS_DESCRIPTORS, "closer.py", env, tmp_path)
+    assert plain.stdout == f"sizes {[5] * 12}\n", plain.stderr
+    assert res.returncode == plain.returncode == 0 and res.stdout == plain.stdout, res.stderr
+    assert "steps     205" in res.stderr  # the summary reads the recording the cut stream could not bring
+    assert report(run, env)["steps"] == 205
+    assert all(line.startswith(b"{") for line in (run / "events.jsonl").read_bytes().splitlines())
+
+
 #: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
 #: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
 TORCH_LOOKED_UP_FIRST = """

@@ -170,6 +170,14 @@ def test_a_stopped_job_that_runs_on_or_left_no_recording_is_said_so(tmp_path):
     assert _after_stop(2**22 + 12345, tmp_path, wait_s=0.2) == f"perfmon: pid {2**22 + 12345} ended"
 
 
+def test_replay_without_a_terminal_says_so_instead_of_spinning(tmp_path):
+    """It drew escape codes into the file and spun a core for as long as nobody killed it."""
+    out = subprocess.run([*PERFMON, "replay", str(tmp_path)], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("perfmon: error: perfmon replay draws the dashboard, and there is no terminal here")
+
+
 def test_report_of_newer_schema_or_empty_dir_is_a_clear_error(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

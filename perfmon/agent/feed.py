@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 
 from perfmon import protocol
+from perfmon.agent.descriptors import fingerprint, still_ours
 
 #: The most one ``recv`` takes: a tick's readings (~0.5 kB each) fit many times over.
 READ_SIZE = 65536
@@ -21,9 +22,12 @@ class FeedReader:
         self.sock = sock
         self._buf = bytearray(pending)
         self.closed = False
+        self._taken = fingerprint(sock.fileno())
 
     def lines(self) -> list[bytes]:
         """Every complete line that came; ``closed`` is set once the launcher is gone (or sent a line too long)."""
+        if not self.closed and not still_ours(self.sock.fileno(), self._taken):  # the script closed it (closerange)
+            self._let_go()
         while not self.closed:
             try:
                 chunk = self.sock.recv(READ_SIZE)
@@ -44,8 +48,19 @@ class FeedReader:
         return done
 
     def close(self) -> None:
+        if not still_ours(self.sock.fileno(), self._taken):
+            self._let_go()
+            return
         self.closed = True
         try:
             self.sock.close()
+        except OSError:
+            pass
+
+    def _let_go(self) -> None:
+        """Forget the descriptor without closing it: its number may be one of the script's files now."""
+        self.closed = True
+        try:
+            self.sock.detach()
         except OSError:
             pass

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import protocol
+from perfmon.agent.descriptors import fingerprint, still_ours
 from perfmon.agent.disk import reserve_bytes, short_of_space
 
 #: Bytes written, or seconds, between two looks at the free space (a statvfs: about a microsecond); the time
@@ -28,15 +29,25 @@ class Recorder:
         self.error: str | None = None
         self.bytes_written = 0
         self._fd: int | None = None
+        self._inode: tuple[int, int] | None = None  # the file self._fd was opened on
+        self.reopened = False  # the script closed our descriptor (os.closerange): the recording went on in a new one
         self.reserve = reserve_bytes()
         self._unchecked, self._check_at = 0, time.monotonic() + CHECK_EVERY_S
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._open()
         except OSError as exc:
             self._fail(exc)
             return
         self._check_space()
+
+    def _open(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd, self._inode = fd, fingerprint(fd)
+
+    def _still_ours(self) -> bool:
+        """Our descriptor is still the recording (see :mod:`perfmon.agent.descriptors`)."""
+        return self._fd is not None and still_ours(self._fd, self._inode)
 
     @property
     def active(self) -> bool:
@@ -46,6 +57,14 @@ class Recorder:
         """Append whole lines; returns False once recording has stopped."""
         if self._fd is None:
             return False
+        if not self._still_ours():  # forgotten, never closed (the number may be the script's now); opened again
+            self._fd = None
+            self.reopened = True
+            try:
+                self._open()
+            except OSError as exc:
+                self._fail(exc)
+                return False
         try:
             view = memoryview(data)
             while view:
@@ -88,9 +107,10 @@ class Recorder:
 
     def close(self) -> None:
         if self._fd is not None:
-            try:
-                os.close(self._fd)
-            except OSError:
-                pass
+            if self._still_ours():  # else the number is not ours to close any more
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
             self._fd = None
 

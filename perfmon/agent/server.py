@@ -25,10 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import protocol
+from perfmon.agent.descriptors import Fingerprint, fingerprint, still_ours
 from perfmon.messages.commands import Command, CommandError, parse_command
 
 #: Per-client outbound buffer limit; beyond it, lines are dropped for that client.
 CLIENT_BUFFER = 8 * 1024 * 1024
+
+
+LOST = ("the script closed perfmon's socket descriptors (os.closerange?): monitors are cut off from the job; its "
+        "recording goes on")
 
 
 class _Client:
@@ -85,6 +90,10 @@ class Server:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._stop = False
+        #: the script closed our descriptors (``os.closerange``, daemon-style code): their numbers may be its own
+        #: files now, so nothing here reads, writes or closes them any more
+        self.lost = False
+        self._inodes: dict[int, Fingerprint | None] = {}
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self.refused = 0
@@ -106,6 +115,7 @@ class Server:
         listener.listen(16)
         listener.setblocking(False)
         self._listener = listener
+        self._inodes = {sock.fileno(): fingerprint(sock.fileno()) for sock in (listener, self._wake_r, self._wake_w)}
         self._sel.register(listener, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._thread = threading.Thread(target=self._loop, name="perfmon-server", daemon=True)
@@ -117,6 +127,12 @@ class Server:
         A client with nothing queued gets it straight away with a non-blocking send from the caller's thread;
         only what the socket does not take is queued for the server thread, which is then woken. So a monitor
         that keeps up costs one ``send`` per message and no thread switch."""
+        if self.lost:
+            return
+        if self._descriptors_lost():  # three fstats a tick: never a send on the script's descriptor
+            self.lost = True
+            self._on_error("server", OSError(LOST))  # said now: the server thread may never wake again to say it
+            return
         queued = False
         with self._clients_lock:
             for client in self._clients.values():
@@ -140,6 +156,8 @@ class Server:
             self._wake()
 
     def _wake(self) -> None:
+        if self.lost:
+            return
         try:
             self._wake_w.send(b"\0")
         except (BlockingIOError, OSError):
@@ -147,6 +165,9 @@ class Server:
 
     def close(self) -> None:
         """Flush what clients can take within a moment, then close everything."""
+        if self.lost or self._descriptors_lost():
+            self._abandon()
+            return
         self._stop = True
         self._wake()
         if self._thread is not None:
@@ -161,6 +182,24 @@ class Server:
             self.path.unlink(missing_ok=True)
         except OSError:
             pass
+
+    def _descriptors_lost(self) -> bool:
+        """Our sockets' descriptors no longer are our sockets (closed, or the numbers reused by the script)."""
+        return not all(still_ours(fd, taken) for fd, taken in self._inodes.items())
+
+    def _abandon(self) -> None:
+        """Let go of every descriptor without closing it: their numbers are the script's now."""
+        self.lost = self._stop = True
+        with self._clients_lock:
+            socks = [c.sock for c in self._clients.values()]
+            self._clients.clear()
+        for sock in [*socks, self._listener, self._wake_r, self._wake_w]:
+            if sock is not None:
+                try:
+                    sock.detach()
+                except OSError:
+                    pass
+        _ABANDONED.append(self._sel)  # its epoll descriptor, too: never closed by its finaliser
 
     def forget_in_child(self) -> None:
         """In a process forked from the job (a DataLoader worker, a script's own child): close its copies of the
@@ -178,6 +217,9 @@ class Server:
     # -- loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
+            if self.lost:  # seen (and said) by a broadcast: let go here, where the descriptors are used
+                self._abandon()
+                return
             try:
                 self._update_interest()
                 events = self._sel.select(timeout=5.0)  # woken by _wake for anything sooner (writes, close)
@@ -186,6 +228,10 @@ class Server:
                 if self._stop and not any(c.out for c in self._clients.values()):
                     return
             except Exception as exc:  # noqa: BLE001 - the server must never die silently
+                if self._descriptors_lost():
+                    self._abandon()
+                    self._on_error("server", OSError(LOST))
+                    return
                 self._on_error("server", exc)
                 if self._stop:
                     return
@@ -314,6 +360,10 @@ class Server:
             if len(client.out) + len(data) <= CLIENT_BUFFER:
                 client.out += data
         self._wake()
+
+
+#: kept, never closed: what a server that lost its descriptors held (closing them would close the script's files)
+_ABANDONED: list[Any] = []
 
 
 def _close_quietly(sock: socket.socket) -> None:

@@ -466,6 +466,16 @@ def print_summary(text: Callable[[], str], run_dir: Path, err: Any, prefix: str 
     print(prefix + line, file=err, flush=True)
 
 
+def _last_seq(written: bytes) -> int | None:
+    """The ``seq`` of the last complete line of a recording's tail."""
+    line = written.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    try:
+        seq = protocol.decode(line).get("seq")
+    except protocol.DecodeError:
+        return None
+    return seq if isinstance(seq, int) else None
+
+
 def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: Any = None,
                        complete: bool = True, lock: Any = None) -> dict[str, Any] | None:
     """Fold the process exit into ``state``; if the agent died without recording its exit
@@ -507,8 +517,11 @@ def finalize_recording(run_dir: Path, state: RunState, returncode: int, rules: A
                     f.write(protocol.encode(msg))
             except OSError:
                 pass
-        # the live stream summarised a fast job: the recording is exact, unless it stopped early (a full disk)
-        if complete and not (state.bulk_steps and not state.recording_stopped):
+        # the live stream summarised a fast job: the recording is exact, unless it stopped early (a full disk); and
+        # a stream cut short (the script closed the agent's socket) saw less than the recording holds
+        recorded_seq = _last_seq(written)
+        if (complete and not (state.bulk_steps and not state.recording_stopped)
+                and (recorded_seq is None or recorded_seq <= state.last_seq)):
             return summarise(state)
     from perfmon.analysis.report import ReportError, load_recording
 
