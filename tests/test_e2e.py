@@ -1348,6 +1348,17 @@ def test_a_script_that_closes_every_inherited_descriptor_keeps_its_files_and_its
     assert all(line.startswith(b"{") for line in (run / "events.jsonl").read_bytes().splitlines())
 
 
+def test_pythonsafepath_keeps_the_scripts_folder_off_sys_path_as_python_does(env, tmp_path):
+    """PYTHONSAFEPATH=1 (what perfmon itself says to use for ``python -P``): perfmon put the script's folder back
+    in front, over the standard library's first entry, so a file there shadowed a stdlib module."""
+    (tmp_path / "colorsys.py").write_text("raise SystemExit('the shadow colorsys was imported')\n")
+    env = dict(env, PYTHONSAFEPATH="1")
+    plain, res, run = plain_and_headless("import colorsys, sys\nprint(colorsys.__name__, sys.path[0] != '')\n",
+                                         "safe.py", env, tmp_path)
+    assert plain.returncode == 0 and plain.stdout == "colorsys True\n", plain.stderr
+    assert res.returncode == 0 and res.stdout == plain.stdout, res.stderr
+
+
 #: Hugging Face's examples import datasets (or transformers) before torch; both ask importlib whether torch is
 #: there (``is_torch_available``: ``find_spec("torch")``) without importing it.
 TORCH_LOOKED_UP_FIRST = """
@@ -1652,6 +1663,29 @@ def test_ctrl_c_on_perfmon_stops_the_job_like_python(background, env, tmp_path):
     rep = report(run, env)
     assert rep["signal"] == "SIGINT" and rep["exit_code"] == 130 and rep["steps"] == 3
     assert "KeyboardInterrupt" in (run / "stderr.log").read_text()
+
+
+def test_ctrl_backslash_on_perfmon_quits_the_job_too(background, env, tmp_path):
+    """SIGQUIT (Ctrl-\\) ended perfmon alone: the job, in its own session, trained on unseen."""
+    import resource
+
+    import psutil
+
+    core = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, core[1]))  # the job dumps no core into the checkout
+    try:
+        run, gate = tmp_path / "run", tmp_path / "gate"
+        bg = background(["--headless", "--run-dir", str(run), "demos/loops/dataloader_optimizer.py",
+                         "--steps", "1000", "--hold-at", "3", "--gate", str(gate)])
+        bg.train_pid = hello_pid(run)
+        wait_for(lambda: has_steps(run, 3), "3 steps in events.jsonl")
+        bg.popen.send_signal(signal.SIGQUIT)
+        assert bg.wait() == -signal.SIGQUIT, bg.stderr
+        wait_for(lambda: not psutil.pid_exists(bg.train_pid) or psutil.Process(bg.train_pid).status() == "zombie",
+                 "the job's end")
+        assert report(run, env)["signal"] == "SIGQUIT"
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, core)
 
 
 def test_monitor_killed_training_goes_on_and_recording_completes(background, env, tmp_path):

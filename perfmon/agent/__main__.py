@@ -94,12 +94,14 @@ def main(argv: list[str]) -> int:
     try:
         if module is not None:
             sys.argv = [module, *rest]  # run_module replaces argv[0] with the module's file
-            sys.path[0] = os.getcwd()
+            if not getattr(sys.flags, "safe_path", False):  # PYTHONSAFEPATH=1: python puts no folder first
+                sys.path[0] = os.getcwd()
             own_frames.hide(sys._getframe())  # the module's stack begins above this frame (and runpy's for it)
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             sys.argv = [script, *rest]
-            sys.path[0] = os.path.dirname(os.path.realpath(script))  # python resolves symlinks here
+            if not getattr(sys.flags, "safe_path", False):  # PYTHONSAFEPATH=1: not the script's folder either
+                sys.path[0] = os.path.dirname(os.path.realpath(script))  # python resolves symlinks here
             run_script(script)
     except SystemExit as exc:
         code = exc.code

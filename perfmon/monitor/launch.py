@@ -389,7 +389,8 @@ FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 @contextmanager
 def signals_to(proc: TrainingProcess) -> Iterator[None]:
     """While perfmon (its main thread) waits on ``proc``: Ctrl-C stops the job as it would stop it without perfmon
-    (SIGINT to its process group; SIGTERM, then SIGKILL, if repeated), the :data:`FORWARDED` signals go on to it
+    (SIGINT to its process group; SIGTERM, then SIGKILL, if repeated), Ctrl-\\ quits it (SIGQUIT to its process
+    group: perfmon then dies of it too, the job's core dumped where the limits allow), the :data:`FORWARDED` signals go on to it
     as they are, and Ctrl-Z suspends the job with perfmon (``fg`` or ``bg`` resumes both), as it would suspend
     plain python. The previous handlers come back after."""
 
@@ -404,12 +405,16 @@ def signals_to(proc: TrainingProcess) -> Iterator[None]:
     def forward(signum: int, frame: Any) -> None:
         proc.forward(signum)
 
+    def quit_(signum: int, frame: Any) -> None:  # Ctrl-\: at a terminal, plain python's whole group dies of it
+        if proc.poll() is None:
+            proc._signal(signal.SIGQUIT)
+
     def suspend(signum: int, frame: Any) -> None:
         proc.pause()
         os.kill(os.getpid(), signal.SIGSTOP)  # SIGSTOP: stops us even where our process group is orphaned
         proc.resume()  # continued (fg, bg, kill -CONT): so is the job
 
-    handlers = {signal.SIGINT: stop, signal.SIGTSTP: suspend, **{s: forward for s in FORWARDED}}
+    handlers = {signal.SIGINT: stop, signal.SIGQUIT: quit_, signal.SIGTSTP: suspend, **{s: forward for s in FORWARDED}}
     previous = {s: signal.getsignal(s) for s in handlers}
     for s, handler in handlers.items():
         signal.signal(s, handler)
