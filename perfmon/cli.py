@@ -565,7 +565,12 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2
     # a default name is claimed (made, atomically): two launches in one second never share a run dir
-    run_dir = args.run_dir or default_run_dir(target.name, claim=True)
+    try:
+        run_dir = args.run_dir or default_run_dir(target.name, claim=True)
+    except OSError as exc:  # a cwd the default ./perfmon-runs cannot be made in (read-only, someone else's)
+        print(f"perfmon: error: cannot create run dir {Path.cwd() / 'perfmon-runs'}: {exc.strerror or exc}; "
+              "choose one with --run-dir", file=sys.stderr)
+        return 2
     exports = _exports(args, run_dir)
     if exports is False:
         if not args.run_dir:

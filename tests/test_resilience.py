@@ -178,6 +178,16 @@ def test_replay_without_a_terminal_says_so_instead_of_spinning(tmp_path):
     assert out.stderr.startswith("perfmon: error: perfmon replay draws the dashboard, and there is no terminal here")
 
 
+def test_a_default_run_dir_that_cannot_be_made_is_one_line(tmp_path):
+    """In a cwd where ./perfmon-runs cannot be made (here: a file of that name), a traceback, exit 1."""
+    (tmp_path / "perfmon-runs").write_text("not a folder")
+    (tmp_path / "s.py").write_text("print('hi')\n")
+    out = subprocess.run([*PERFMON, "--headless", "s.py"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("perfmon: error: cannot create run dir") and "--run-dir" in out.stderr
+
+
 def test_report_of_newer_schema_or_empty_dir_is_a_clear_error(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
