@@ -340,6 +340,8 @@ def _attach(argv: list[str]) -> int:
         print(f"perfmon: SIGINT sent to pid {run['pid']} through its agent (like Ctrl-C); waiting for it to end "
               f"(Ctrl-C stops waiting)", file=sys.stderr, flush=True)
         print(_after_stop(int(run["pid"]), Path(run["run_dir"])), file=sys.stderr)
+    elif outcome == "quit":  # the job ended while attached: how, as a stop would say it
+        print(_after_stop(int(run["pid"]), Path(run["run_dir"]), wait_s=5.0, asked=False), file=sys.stderr)
     return 0
 
 
@@ -347,9 +349,10 @@ def _attach(argv: list[str]) -> int:
 STOP_WAIT_S = 30.0
 
 
-def _after_stop(pid: int, run_dir: Path, wait_s: float = STOP_WAIT_S) -> str:
-    """Wait (at most ``wait_s``) for a job stopped from an attached dashboard to end; say how it ended, as its
-    recording has it, or that it runs on (a script may catch KeyboardInterrupt, save and go on)."""
+def _after_stop(pid: int, run_dir: Path, wait_s: float = STOP_WAIT_S, asked: bool = True) -> str:
+    """Wait (at most ``wait_s``) for a job stopped from an attached dashboard (``asked``; else one that ended while
+    it was attached) to end; say how it ended, as its recording has it, or that it runs on (a script may catch
+    KeyboardInterrupt, save and go on)."""
     from perfmon.analysis.report import load_recording
 
     deadline = time.monotonic() + wait_s
@@ -358,6 +361,8 @@ def _after_stop(pid: int, run_dir: Path, wait_s: float = STOP_WAIT_S) -> str:
             time.sleep(0.1)
     except KeyboardInterrupt:
         pass
+    if paths.pid_alive(pid) and not asked:
+        return f"perfmon: pid {pid} is finishing (its exit is recorded); perfmon report {run_dir}"
     if paths.pid_alive(pid):
         return (f"perfmon: pid {pid} still runs after the SIGINT (the script may catch KeyboardInterrupt); "
                 f"perfmon attach {pid} to follow it, kill {pid} to end it")

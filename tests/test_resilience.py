@@ -162,6 +162,35 @@ def test_a_job_stopped_from_an_attached_dashboard_is_waited_for_and_its_end_said
             mon.kill()
 
 
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux to run the dashboard in a terminal")
+def test_quitting_an_attached_dashboard_after_its_job_ended_says_how_it_ended(env, tmp_path):
+    run_dir = tmp_path / "run"
+    mon = subprocess.Popen([*PERFMON, "--headless", "--run-dir", str(run_dir), str(LOOPS / "fast_steps.py"),
+                            "--seconds", "4"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    try:
+        hello = wait_until(lambda: (run_dir / "events.jsonl").exists() and (run_dir / "events.jsonl").read_text()
+                           .split("\n", 1)[0], what="the recording")
+        pid = json.loads(hello)["pid"]
+        subprocess.run([*tmux, "new-session", "-d", "-s", "pm", "-x", "120", "-y", "40",
+                        f"{' '.join(PERFMON)} attach {pid}; sleep 60"], env=env, check=True)
+
+        def screen() -> str:
+            return subprocess.run([*tmux, "capture-pane", "-p", "-J", "-t", "pm"], capture_output=True,
+                                  text=True).stdout
+
+        wait_until(lambda: "exited 0" in screen(), timeout=90, what="the job's end on the dashboard")
+        subprocess.run([*tmux, "send-keys", "-t", "pm", "q"])
+        said = wait_until(lambda: re.search(rf"pid {pid} ended \((.*)\) after (\d+) steps", screen()),
+                          what="how the job ended, said")
+        assert said[1] == "exited 0" and int(said[2]) > 0
+        assert mon.wait(timeout=60) == 0
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        if mon.poll() is None:
+            mon.kill()
+
+
 def test_a_stopped_job_that_runs_on_or_left_no_recording_is_said_so(tmp_path):
     from perfmon.cli import _after_stop
 
