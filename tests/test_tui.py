@@ -209,6 +209,24 @@ async def test_a_progress_bar_redrawn_on_one_line_shows_before_its_line_ends(tmp
         await wait_until(pilot, lambda: not panel.has_class("-progress") and not bar.display)
 
 
+async def test_nested_progress_bars_redraw_the_progress_line_instead_of_filling_the_log(tmp_path: Path) -> None:
+    """tqdm's inner bar (under an outer one) is drawn as \\n, \\r, bar, cursor up: each redraw came out as a log
+    line of its own, a hundred lines for three epochs."""
+    app = make_app(tmp_path, exit=None, process=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        panel = app.query_one(LogPanel)
+        with open(app.run_dir / "stderr.log", "a") as f:
+            f.write("\repochs:   0%|          | 0/3\n\rbatches:  10%|#         | 6/60\x1b[A"
+                    "\n\rbatches:  50%|#####     | 30/60\x1b[A")
+        await wait_until(pilot, lambda: "batches:  50%" in screen_text(app))
+        assert not any("batches" in line for line in panel.log_widget.lines)
+        with open(app.run_dir / "stderr.log", "a") as f:
+            f.write("\n\rbatches:  90%|######### | 54/60\x1b[A\nepoch 0 loss 0.5\n")
+        await wait_until(pilot, lambda: "epoch 0 loss 0.5" in panel.log_widget.lines)
+        assert not any("batches" in line for line in panel.log_widget.lines)
+
+
 async def test_failed_run_shows_exception(tmp_path: Path) -> None:
     app = make_app(tmp_path, exit="failed")
     async with app.run_test(size=(120, 40)) as pilot:

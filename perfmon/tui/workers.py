@@ -102,6 +102,10 @@ def wait_for_exit(process: TrainingProcessLike, state: RunState | JobState, lock
     post(ProcessExited(code))
 
 
+#: ANSI cursor up: a line that ends with it was drawn below another that is redrawn next (nested progress bars)
+CURSOR_UP = "\x1b[A"
+
+
 def tail_output(run_dir: Callable[[], Any], post: Post, stop: threading.Event,
                 job_over: threading.Event) -> None:
     """Poll the script's stdout and stderr (``RUN/output.log``, ``RUN/stderr.log``) every POLL_S; post their new
@@ -120,14 +124,22 @@ def tail_output(run_dir: Callable[[], Any], post: Post, stop: threading.Event,
     pending: list[str] = []
     last_post = 0.0
     shown = ""  # the partial line the panel shows
+    redraw = ""  # the latest redraw of a bar under another (nested tqdm bars), until an ordinary line comes
     while True:
         ended = job_over.is_set()  # before the read: what the job wrote before it ended is in this one
         lines = [line for tail in tails for line in tail.read()]
-        pending.extend(lines)
         if ended and not lines:
-            pending.extend(line for tail in tails for line in tail.flush())
+            lines.extend(line for tail in tails for line in tail.flush())
+        for line in lines:
+            # a bar drawn on the line below another ends by moving the cursor back up (tqdm's nested bars, each
+            # redraw a "line" of its own): shown as the progress line, not a line of the log each time
+            if line.rstrip("\r").endswith(CURSOR_UP):
+                redraw = line
+            else:
+                pending.append(line)
+                redraw = ""
         # a progress bar (tqdm writes to stderr) redraws one line with \r until the epoch ends it
-        partial = next((p for p in (tail.partial() for tail in reversed(tails)) if p), "")
+        partial = next((p for p in (tail.partial() for tail in reversed(tails)) if p), "") or redraw
         now = time.monotonic()
         if (pending or partial != shown) and (ended or now - last_post >= OUTPUT_S):
             post(OutputLines(pending[-OUTPUT_LINES:], partial))
