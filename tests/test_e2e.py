@@ -823,6 +823,37 @@ def test_os_exit_records_every_step_and_the_exit_from_inside_the_job(env, tmp_pa
     assert len(exits) == 1 and "agent_errors" in exits[0]  # recorded by the job's agent, not made up after it
 
 
+EXEC_SCRIPT = """
+import os
+import sys
+import torch
+generation = int(os.environ.get("GENERATION", "0"))
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(9):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+print(f"generation {generation}: 9 steps", flush=True)
+if generation == 0:  # restart in a fresh interpreter, as auto-resume code does
+    os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, GENERATION="1"))
+sys.exit(3)
+"""
+
+
+def test_a_script_that_execs_itself_keeps_its_steps_and_the_new_programs_exit(env, tmp_path):
+    """``os.exec*`` runs no atexit: the steps before it are recorded as it happens (they were lost), with a warning
+    that perfmon stops there; the exit recorded is the new program's, as the launcher saw it."""
+    plain, res, run = plain_and_headless(EXEC_SCRIPT, "reexec.py", env, tmp_path)
+    assert res.returncode == plain.returncode == 3, res.stderr
+    assert res.stdout == plain.stdout == "generation 0: 9 steps\ngeneration 1: 9 steps\n"
+    assert "replaced itself with another program" in res.stderr
+    rep = report(run, env)
+    assert rep["steps"] == 9 and rep["exit_code"] == 3
+    exits = [e for e in events(run) if e.get("type") == "event" and e.get("kind") == "exit"]
+    assert len(exits) == 1 and exits[0]["recorded_by"] == "monitor"
+
+
 def train_loop(steps: int) -> str:
     """A function body (4-space indent) for the scripts below: ``steps`` SGD updates of a small model."""
     return f"""

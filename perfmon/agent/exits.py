@@ -1,5 +1,5 @@
 """The ways a job ends that python's own exit does not see, each recorded before it happens: SIGTERM, the script
-killing itself with a signal, ``os._exit``.
+killing itself with a signal, ``os._exit``, ``os.exec*`` (the script replacing itself with another program).
 
 perfmon's SIGTERM handler is installed only when the script has none at start: on SIGTERM it records the steps so
 far and the exit, then dies of the signal as python would. The script never sees it: ``signal.getsignal`` and the previous handler that
@@ -104,6 +104,45 @@ def install_os_exit(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -
         real_exit(code)
 
     os._exit = stand_in(_exit, real_exit)
+
+
+def install_exec(agent: Any, finish: Callable[[Any, dict[str, Any] | None], None]) -> None:
+    """``os.execv``/``os.execve`` (and the ``exec*`` functions built on them) replace the job with another program:
+    no ``atexit`` runs, and the steps not yet flushed were lost. In the process the agent started in, the steps so far
+    are recorded first, with no exit record (``finish(agent, None)``): the new program's end is the job's, and the
+    launcher, its parent, records it. perfmon does not follow into the new program."""
+    real_execv, real_execve = original(os.execv), original(os.execve)
+
+    def leave(path: Any, argv: Any) -> None:
+        if os.getpid() != agent.pid:  # a forked child execs (fork + exec): the job goes on
+            return
+        if not _can_exec(path, argv):  # it will raise, and the script goes on (os.execvp tries each PATH entry)
+            return
+        try:
+            finish(agent, None)
+        except BaseException:  # noqa: BLE001, S110 - the script asked to become another program: nothing may stop it
+            pass
+
+    def execv(path: Any, argv: Any, /) -> NoReturn:
+        leave(path, argv)
+        real_execv(path, argv)
+
+    def execve(path: Any, argv: Any, env: Any) -> NoReturn:
+        leave(path, argv)
+        real_execve(path, argv, env)
+
+    os.execv = stand_in(execv, real_execv)
+    os.execve = stand_in(execve, real_execve)
+
+
+def _can_exec(path: Any, argv: Any) -> bool:
+    """The checks the exec call makes before it replaces the process, as far as they can be made beforehand."""
+    try:
+        if not isinstance(argv, (list, tuple)) or not argv or not argv[0]:
+            return False
+        return isinstance(path, int) or (os.path.isfile(path) and os.access(path, os.X_OK))
+    except (TypeError, ValueError, OSError):
+        return False
 
 
 def install_own_session(agent: Any) -> None:

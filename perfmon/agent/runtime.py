@@ -60,6 +60,8 @@ THREAD_RETURNS = 3
 SIDE_BY_SIDE = ("backward runs on several threads in turn: training loops side by side in threads are one loop to "
                 "perfmon, so their step count and phases mix them up (run each loop in a process of its own, e.g. "
                 "multiprocessing or torchrun, to have each counted)")
+EXECED = ("the script replaced itself with another program (os.exec*): its steps so far are recorded; perfmon does "
+          "not follow the new program, whose exit is the job's")
 
 
 class Agent:
@@ -217,9 +219,9 @@ class Agent:
         if self.server is not None:
             self.server.forget_in_child()
 
-    def finish(self, exit_info: dict[str, Any]) -> None:
+    def finish(self, exit_info: dict[str, Any] | None) -> None:
         """Flush everything, record the exit, have summary.json written outside the job (:meth:`write_summary`), close
-        the socket."""
+        the socket. ``exit_info`` None: the script replaced itself (``os.exec*``); no exit is recorded here."""
         if self.commands is not None:
             self.commands.finish()
         self.enabled = False
@@ -256,8 +258,12 @@ class Agent:
         except Exception as exc:  # noqa: BLE001
             self.record_error("publisher", exc)
         self._publish_errors()
-        self.publish(protocol.message("event", kind="exit", t=time.time(), **exit_info, agent_errors=self.errors))
-        self.write_summary()
+        if exit_info is None:  # os.exec*: the process goes on as another program; its end is recorded by the launcher
+            self.publish(protocol.message("event", kind="warning", message=EXECED, t=time.time()))
+        else:
+            self.publish(protocol.message("event", kind="exit", t=time.time(), **exit_info,
+                                          agent_errors=self.errors))
+            self.write_summary()
         if self.server is not None:
             self.server.close()
         self.recorder.close()
