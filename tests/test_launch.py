@@ -19,3 +19,38 @@ def test_the_job_runs_on_the_python_one_types(tmp_path):
     (tmp_path / "python").write_text("")
     assert plain_python(str(tmp_path / "python3")) == str(tmp_path / "python3")
     assert plain_python("/opt/pypy/bin/pypy3") == "/opt/pypy/bin/pypy3"
+
+
+SIGNAL_IN_THE_START_WINDOW = """
+import os, signal, sys
+from pathlib import Path
+from perfmon.monitor.launch import Target, TrainingProcess, signals_to
+proc = TrainingProcess(Target(sys.argv[1], None), Path(sys.argv[2])).start()
+print("job", proc.popen.pid, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # the launcher is still getting ready: signals_to is not there yet
+with signals_to(proc):
+    code = proc.wait()
+print("job ended", code, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+"""
+
+
+def test_a_sigterm_before_the_launcher_is_ready_still_reaches_the_job(tmp_path):
+    """From the moment the job starts, a SIGTERM to perfmon reaches it: perfmon dying of one in the moment before it
+    handled signals left the job, in a session of its own, training unseen. Its handlers come back after."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    res = subprocess.run([sys.executable, "-c", SIGNAL_IN_THE_START_WINDOW, str(script), str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=60)
+    pid = int(res.stdout.split()[1])
+    try:
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.splitlines()[1] == f"job ended {-signal.SIGTERM} True"
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -211,6 +211,9 @@ class TrainingProcess:
         self._private_runtime: Path | None = None  # made for this job alone; removed when it ends
         #: the job's host and GPU telemetry, read here rather than inside it (None: the job samples for itself)
         self.host_feed: HostFeed | None = None
+        #: the handlers :func:`signals_to` hands back at its end, taken before the job started (None: not held)
+        self.handlers_before: dict[int, Any] | None = None
+        self._early: list[int] = []  # signals that came while the job was being started
 
     @property
     def pid(self) -> int:
@@ -312,6 +315,7 @@ class TrainingProcess:
             env["PERFMON_SAMPLER"] = "launcher"
         else:
             env.pop("PERFMON_SAMPLER", None)
+        self._hold_signals()
         try:
             self.popen = subprocess.Popen(
                 self.target.command(self.python),
@@ -320,15 +324,48 @@ class TrainingProcess:
             )
         except OSError as exc:
             self._job_ended()
+            self._release_signals()
             raise LaunchError(f"cannot start {self.python}: {exc.strerror or exc}") from None
         finally:
             log.close()
             errlog.close()
+        early, self._early = self._early, []
+        for signum in early:  # the job is there now: it gets them as signals_to would have given them
+            _handlers(self)[signum](signum, None)
         if feed:
             pid = self.popen.pid  # a zombie still "lives" until reaped: its socket is gone by then, and the feed ends
             self.host_feed = HostFeed(pid, self.socket_path, lambda: self.returncode is None and paths.pid_alive(pid),
                                       interval).start()
         return self
+
+    def _hold_signals(self) -> None:
+        """From just before the job starts until :func:`signals_to` takes over, the signals it passes on reach the
+        job too: perfmon dying of a SIGTERM there left the job, in a session of its own, training unseen."""
+        try:
+            before = {s: signal.getsignal(s) for s in HANDLED}
+            for s in HANDLED:
+                signal.signal(s, self._early_signal)
+        except ValueError:  # not the main thread: python allows no handler here
+            return
+        self.handlers_before = before
+
+    def _early_signal(self, signum: int, frame: Any) -> None:
+        if self.popen is None:
+            self._early.append(signum)
+        elif self.popen.poll() is None:
+            _handlers(self)[signum](signum, frame)
+        else:  # the job ended and nothing took over (a caller that never waited on it): the signal is perfmon's
+            self._early.append(signum)
+            self._release_signals()
+
+    def _release_signals(self) -> None:
+        """The job could not start: perfmon's own handlers come back, and what came meanwhile is perfmon's."""
+        before, self.handlers_before = self.handlers_before, None
+        for s, handler in (before or {}).items():
+            signal.signal(s, handler)
+        early, self._early = self._early, []
+        for signum in early:
+            os.kill(os.getpid(), signum)
 
     def poll(self) -> int | None:
         if self.popen is None:
@@ -392,7 +429,21 @@ def signals_to(proc: TrainingProcess) -> Iterator[None]:
     (SIGINT to its process group; SIGTERM, then SIGKILL, if repeated), Ctrl-\\ quits it (SIGQUIT to its process
     group: perfmon then dies of it too, the job's core dumped where the limits allow), the :data:`FORWARDED` signals go on to it
     as they are, and Ctrl-Z suspends the job with perfmon (``fg`` or ``bg`` resumes both), as it would suspend
-    plain python. The previous handlers come back after."""
+    plain python. The previous handlers (those before the job started) come back after."""
+    handlers = _handlers(proc)
+    previous = proc.handlers_before or {s: signal.getsignal(s) for s in handlers}
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        proc.handlers_before = None
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _handlers(proc: TrainingProcess) -> dict[int, Callable[[int, Any], None]]:
+    """What :func:`signals_to` does with each signal it handles."""
 
     def stop(signum: int, frame: Any) -> None:
         sent = proc.stop()
@@ -414,15 +465,11 @@ def signals_to(proc: TrainingProcess) -> Iterator[None]:
         os.kill(os.getpid(), signal.SIGSTOP)  # SIGSTOP: stops us even where our process group is orphaned
         proc.resume()  # continued (fg, bg, kill -CONT): so is the job
 
-    handlers = {signal.SIGINT: stop, signal.SIGQUIT: quit_, signal.SIGTSTP: suspend, **{s: forward for s in FORWARDED}}
-    previous = {s: signal.getsignal(s) for s in handlers}
-    for s, handler in handlers.items():
-        signal.signal(s, handler)
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    return {signal.SIGINT: stop, signal.SIGQUIT: quit_, signal.SIGTSTP: suspend, **{s: forward for s in FORWARDED}}
+
+
+#: The signals :func:`signals_to` handles.
+HANDLED = (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, *FORWARDED)
 
 
 #: What a script dies of when it reads a stdin that is /dev/null: input()'s EOFError (a truncated pickle's or a
