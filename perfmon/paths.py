@@ -16,10 +16,11 @@ RUNTIME_DIR_FIX = "set PERFMON_RUNTIME_DIR to a private dir"
 class RuntimeDirError(RuntimeError):
     """The runtime dir exists but is not safely ours (or cannot be made): nothing in it is used."""
 
-    def __init__(self, path: Path, problem: str) -> None:
+    def __init__(self, path: Path, problem: str, fix: str = RUNTIME_DIR_FIX) -> None:
         super().__init__(f"runtime dir {path} {problem}")
         self.path = path
         self.problem = problem
+        self.fix = fix
 
 
 def configured_runtime_dir() -> Path:
@@ -50,6 +51,10 @@ def _unsafe(path: Path, st: os.stat_result) -> str | None:
     return ", ".join(problems) or None
 
 
+#: The longest path a Unix socket may have (Linux's ``sun_path`` holds 108 bytes, its end a NUL).
+SOCKET_PATH_MAX = 107
+
+
 def runtime_dir(create: bool = True) -> Path:
     """Per-user dir for sockets and discovery files, mode 0700, owned by us.
 
@@ -58,6 +63,10 @@ def runtime_dir(create: bool = True) -> Path:
     at all. A dir of ours that others can only read is tightened to 0700.
     """
     path = configured_runtime_dir()
+    longest = len(os.fsencode(path / f"{'9' * 7}.sock"))  # pids go up to 2**22: seven digits
+    if longest > SOCKET_PATH_MAX:
+        raise RuntimeDirError(path, f"is too long for a socket's path ({longest} bytes with the socket's name; "
+                                    f"at most {SOCKET_PATH_MAX})", fix="set PERFMON_RUNTIME_DIR to a private dir with a shorter path")
     if create:
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -100,7 +109,7 @@ def _tighten(path: Path, st: os.stat_result) -> None:
 
 def unusable_line(exc: RuntimeDirError, consequence: str) -> str:
     """The one line on stderr for a runtime dir that is not used: what is wrong, what follows, the fix."""
-    return f"perfmon: {exc}: not using it; {consequence} ({RUNTIME_DIR_FIX})"
+    return f"perfmon: {exc}: not using it; {consequence} ({exc.fix})"
 
 
 def pid_alive(pid: int) -> bool:

@@ -44,6 +44,11 @@ def _symlink(base: Path) -> Path:
     return base / "rt"
 
 
+def _too_long(base: Path) -> Path:
+    """A dir (not made yet) whose sockets' paths would not fit a Unix socket address."""
+    return base / ("x" * 100)
+
+
 def _wide(base: Path) -> Path:
     rt = base / "rt"
     rt.mkdir()
@@ -147,6 +152,15 @@ def test_the_line_says_what_is_wrong_and_the_fix(base, monkeypatch):
                     "live attach disabled (set PERFMON_RUNTIME_DIR to a private dir)")
 
 
+def test_a_dir_too_long_for_a_socket_says_so_and_is_not_made(base, monkeypatch):
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(_too_long(base)))
+    with pytest.raises(paths.RuntimeDirError) as info:
+        paths.runtime_dir()
+    assert "is too long for a socket's path" in str(info.value)
+    assert "shorter path" in paths.unusable_line(info.value, "live attach disabled")
+    assert not _too_long(base).exists()
+
+
 # -- discovery ----------------------------------------------------------------------------------
 def test_ls_and_attach_do_not_read_an_unsafe_dir(base, monkeypatch, capsys):
     rt = _wide(base)
@@ -213,6 +227,7 @@ def _steps_recorded(run: Path) -> int:
 @pytest.mark.parametrize("make, problem", [
     pytest.param(_symlink, "is a symlink", id="symlink"),
     pytest.param(_wide, "has mode 0777", id="mode-0777"),
+    pytest.param(_too_long, "is too long for a socket's path", id="too-long"),
     pytest.param(_foreign, f"is owned by uid {OTHER_UID}", id="foreign-owner", marks=as_root),
 ])
 def test_headless_run_under_an_unsafe_runtime_dir(base, tmp_path, make, problem):
