@@ -36,3 +36,19 @@ def test_dataset_error_traceback_has_no_perfmon_frame(env, tmp_path):
     frames = re.findall(r'^  File "([^"]+)"', tb, re.M)
     assert not any(Path(f).parent.name == "agent" and Path(f).name == "hooks.py" for f in frames), tb
     assert tb == _traceback(plain.stderr)
+
+
+def test_a_torch_that_fails_to_import_shows_plain_pythons_traceback(env, tmp_path):
+    """torch is imported through perfmon's import hook (it installs the hooks as torch arrives): a torch that fails
+    to import (a missing CUDA library) shows the traceback plain python shows, with no frame of that hook."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text('raise ImportError("libcudart.so.12: cannot open shared object")\n')
+    script = tmp_path / "imports_torch.py"
+    script.write_text("import torch\n")
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 1 and "libcudart" in plain.stderr
+    run = tmp_path / "run"
+    res = headless(run, str(script), env=env)
+    assert res.returncode == 1
+    assert _traceback((run / "stderr.log").read_text()) == _traceback(plain.stderr)
