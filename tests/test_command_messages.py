@@ -43,6 +43,8 @@ VALID = [
     Command("stop", id=7),
     Command("log_metrics", metrics={"perfmon/step_ms": 12.5, "perfmon/finding/x": 3}),
     Command("log_metrics", metrics={}, ranks=(1,)),
+    Command("close_output", streams=("stdout",)),
+    Command("close_output", streams=("stdout", "stderr")),
 ]
 
 
@@ -53,8 +55,10 @@ def test_every_command_name_has_a_valid_case_and_the_protocol_agrees():
 
 
 def test_every_queued_command_has_its_step_boundary_work():
-    # answered on the socket thread: stop (runtime), export; everything else runs as Commands._do_<name>
-    assert all(hasattr(Commands, f"_do_{name}") for name in COMMAND_NAMES if name not in ("stop", "export"))
+    # answered on the socket thread: stop and close_output (runtime), export; everything else runs as
+    # Commands._do_<name>
+    assert all(hasattr(Commands, f"_do_{name}") for name in COMMAND_NAMES
+               if name not in ("stop", "close_output", "export"))
 
 
 @pytest.mark.parametrize("command", VALID, ids=lambda c: c.name)
@@ -100,6 +104,10 @@ def test_unknown_keys_are_ignored_and_the_id_is_optional():
     *[({"name": "memory_snapshot", "id": 9, "steps": bad}, "memory_snapshot", 9,
        "memory snapshot: steps must be a whole number from 1 to 1000") for bad in (0, -1, "5", 2.5, True, 1001)],
     ({"name": "log_metrics"}, "log_metrics", None, "log_metrics wants a dict of at most 500 numbers"),
+    ({"name": "close_output"}, "close_output", None, "close_output: streams must be a list of stdout and stderr"),
+    ({"name": "close_output", "streams": []}, "close_output", None, "close_output: streams must be a list"),
+    ({"name": "close_output", "streams": ["stdin"]}, "close_output", None, "close_output: streams must be a list"),
+    ({"name": "close_output", "streams": "stdout"}, "close_output", None, "close_output: streams must be a list"),
     ({"name": "log_metrics", "metrics": [1, 2]}, "log_metrics", None, "log_metrics wants a dict"),
     ({"name": "log_metrics", "metrics": {"a": "1"}}, "log_metrics", None, "log_metrics wants a dict"),
     ({"name": "log_metrics", "metrics": {"a": True}}, "log_metrics", None, "log_metrics wants a dict"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -852,6 +853,42 @@ def test_a_script_that_execs_itself_keeps_its_steps_and_the_new_programs_exit(en
     assert rep["steps"] == 9 and rep["exit_code"] == 3
     exits = [e for e in events(run) if e.get("type") == "event" and e.get("kind") == "exit"]
     assert len(exits) == 1 and exits[0]["recorded_by"] == "monitor"
+
+
+PRINTS_EVERY_STEP = """
+import time
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(400):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    print("step", step, flush=True)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("streams", ["", "2>&1"], ids=["stdout", "stdout-and-stderr"])
+def test_a_reader_that_leaves_the_pipe_ends_the_job_as_under_plain_python(env, tmp_path, streams):
+    """``python train.py | head -2``: the script's third print raises BrokenPipeError and it ends, exit 1. Under
+    perfmon the script's output goes to files perfmon copies to the pipe: when the copy breaks, the job's streams
+    are broken too, so it ends the same way (it trained on, unseen, for as long as it ran)."""
+    script = tmp_path / "prints.py"
+    script.write_text(PRINTS_EVERY_STEP)
+
+    def piped(command: list[str]) -> tuple[str, int]:
+        line = " ".join(map(shlex.quote, command)) + f" {streams} | head -2; exit ${{PIPESTATUS[0]}}"
+        res = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=120)
+        return res.stdout, res.returncode
+
+    assert piped([sys.executable, str(script)]) == ("step 0\nstep 1\n", 1)
+    run = tmp_path / "run"
+    assert piped([*PERFMON, "--headless", "--run-dir", str(run), str(script)]) == ("step 0\nstep 1\n", 1)
+    rep = report(run, env)
+    assert rep["exit_code"] == 1 and rep["exception"].startswith("BrokenPipeError"), rep
+    assert rep["steps"] < 400
 
 
 def train_loop(steps: int) -> str:

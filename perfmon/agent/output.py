@@ -58,3 +58,26 @@ def keep_going_on_full_disk(on_first_loss: Callable[[], None]) -> None:
         setattr(sys, name, new)  # the old stream does not own its fd (python's std streams never do): no close
         if getattr(sys, f"__{name}__") is old:
             setattr(sys, f"__{name}__", new)
+
+
+def close_output(streams: tuple[str, ...]) -> list[str]:
+    """Break the job's ``streams`` (``stdout``: fd 1, ``stderr``: fd 2) as a pipe whose reader left breaks them: the
+    launcher copies them from files to its own stdout or stderr, a pipe whose reader is gone (``perfmon ... | head``).
+    Under plain python the script's next write there raised BrokenPipeError (SIGPIPE is ignored in python) and it
+    ended; so it does here. Returns the streams broken."""
+    import os
+
+    done = []
+    for name in streams:
+        fd = {"stdout": 1, "stderr": 2}.get(name)
+        if fd is None:
+            continue
+        try:
+            r, w = os.pipe()
+            os.close(r)  # a pipe with no reader: every write gets EPIPE
+            os.dup2(w, fd)
+            os.close(w)
+        except OSError:
+            continue
+        done.append(name)
+    return done

@@ -44,10 +44,11 @@ _launcher: frozenset[FrameType] = frozenset()
 #: The files of perfmon's wrappers: the hooks (``agent/hooks.py``; not imported here: it imports torch) and the
 #: ``os.kill``/``os._exit`` stand-ins (``agent/exits.py``: a handler raising in a script that signals itself
 #: raises through ``kill``) and the import hook that installs the hooks as torch is imported
-#: (``agent/bootstrap.py``: a torch that fails to import raises through it). Their frames sit between the script's own (the root module's ``__call__``,
+#: (``agent/bootstrap.py``: a torch that fails to import raises through it), and the writer of the script's stdout
+#: and stderr (``agent/output.py``: a print to a broken pipe raises through it). Their frames sit between the script's own (the root module's ``__call__``,
 #: ``torch.save``, a closure, ``os.kill``) and are hidden like the launcher's: a warning's ``stacklevel`` and a
 #: caught or uncaught exception's traceback count and show the script's frames.
-WRAPPER_FILES = frozenset(path for name in ("hooks.py", "exits.py", "bootstrap.py")
+WRAPPER_FILES = frozenset(path for name in ("hooks.py", "exits.py", "bootstrap.py", "output.py")
                           for p in (os.path.join(os.path.dirname(os.path.abspath(__file__)), name),)
                           for path in (p, os.path.realpath(p)))
 

@@ -28,6 +28,7 @@ from perfmon import paths, protocol
 from perfmon.agent.cuda_timing import CudaResolver
 from perfmon.agent.feed import FeedReader
 from perfmon.agent.native import HOT, event_buffer
+from perfmon.agent.output import close_output
 from perfmon.agent.recorder import Recorder
 from perfmon.agent.say import say
 from perfmon.agent.server import Server
@@ -460,6 +461,12 @@ class Agent:
                 "event", kind="command_result", name="stop", id=command.id, ok=True, done=True,
                 message=f"stop: SIGINT sent to pid {self.pid}")))
             os.kill(self.pid, signal.SIGINT)
+            return
+        if command.name == "close_output":  # the pipe the launcher copies a stream to lost its reader (`| head`)
+            broken = close_output(command.streams or ())
+            reply(protocol.encode(protocol.message(
+                "event", kind="command_result", name="close_output", id=command.id, ok=bool(broken), done=True,
+                message=f"close_output: {', '.join(broken) or 'nothing'} closed")))
             return
         if self.commands is None:
             reply(protocol.encode(protocol.message(

@@ -18,7 +18,8 @@ from perfmon import protocol
 
 #: Every command an agent runs; anything else is refused. The one list: the agent checks names against it,
 #: the monitor's ``Command.name`` is typed by it.
-CommandName = Literal["profile", "empty_cache", "count_flops", "memory_snapshot", "export", "stop", "log_metrics"]
+CommandName = Literal["profile", "empty_cache", "count_flops", "memory_snapshot", "export", "stop", "log_metrics",
+                      "close_output"]
 COMMAND_NAMES: tuple[str, ...] = get_args(CommandName)
 
 #: ``memory_snapshot``'s ``steps``: at most this many steps of allocation history (each costs host memory).
@@ -26,6 +27,9 @@ MAX_SNAPSHOT_STEPS = 1000
 #: ``log_metrics``: at most this many numbers a call, each named in under ``MAX_METRIC_NAME`` characters.
 MAX_METRICS = 500
 MAX_METRIC_NAME = 200
+#: ``close_output``'s ``streams``: the job's streams whose reader is gone (the pipe perfmon copies them to broke)
+Stream = Literal["stdout", "stderr"]
+STREAMS: tuple[str, ...] = get_args(Stream)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,8 @@ class Command:
     metrics: Mapping[str, float] | None = field(default=None, hash=False)
     #: the ranks of a job that get it (None: all); the monitor's routing, which agents ignore
     ranks: tuple[int, ...] | None = None
+    #: ``close_output``: the streams to break, as the reader's end of a pipe closing breaks them under plain python
+    streams: tuple[Stream, ...] | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """The protocol message; arguments that are None are left out, as monitors always did."""
@@ -58,6 +64,8 @@ class Command:
             msg["metrics"] = dict(self.metrics)
         if self.ranks is not None:
             msg["ranks"] = list(self.ranks)
+        if self.streams is not None:
+            msg["streams"] = list(self.streams)
         return msg
 
     def to_line(self) -> bytes:
@@ -122,9 +130,15 @@ def parse_command(msg: Mapping[str, Any]) -> Command | CommandError:
                 isinstance(k, str) and len(k) < MAX_METRIC_NAME and _is_number(v) for k, v in metrics.items()):
             return refused(f"log_metrics wants a dict of at most {MAX_METRICS} numbers")
         metrics = dict(metrics)  # the caller's dict stays the caller's
+    streams = None
+    if name == "close_output":
+        streams = msg.get("streams")
+        if not isinstance(streams, list | tuple) or not streams or not all(s in STREAMS for s in streams):
+            return refused("close_output: streams must be a list of " + " and ".join(STREAMS))
+        streams = tuple(dict.fromkeys(cast(Stream, s) for s in streams))
     ranks = msg.get("ranks")
     if ranks is not None:
         if not isinstance(ranks, list | tuple) or not all(_is_int(r) and r >= 0 for r in ranks):
             return refused(f"{name}: ranks must be a list of rank numbers")
         ranks = tuple(ranks)
-    return Command(known, id=rid, at_step=at_step, steps=steps, metrics=metrics, ranks=ranks)
+    return Command(known, id=rid, at_step=at_step, steps=steps, metrics=metrics, ranks=ranks, streams=streams)

@@ -19,6 +19,7 @@ from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.report import format_finding, format_summary, status_line
 from perfmon.analysis.rules import Config, Engine
 from perfmon.analysis.state import RunState
+from perfmon.messages.commands import Command, Stream
 from perfmon.monitor.exit_like import exit_status
 from perfmon.monitor.launch import (
     SUMMARY_FAILED,
@@ -42,6 +43,8 @@ class LogTail:
         self.tail = Tail(path, max_read=self.CHUNK)
         self.out = out
         self.last = b"\n"  # the last byte copied: a line of perfmon's own must not go on the end of the script's
+        #: ``out`` is a pipe whose reader left (``| head``): nothing more is copied to it
+        self.broken = False
 
     def pump(self) -> int:
         """Copy what was appended since the last call; returns its size in bytes."""
@@ -49,11 +52,13 @@ class LogTail:
         for _ in range(self.MAX_CHUNKS):
             data = self.tail.read()
             total += len(data)
-            if data:
+            if data and not self.broken:
                 self.last = data[-1:]
                 try:
                     self.out.write(data)
                     self.out.flush()
+                except BrokenPipeError:
+                    self.broken = True
                 except (OSError, ValueError):
                     pass
             if len(data) < self.CHUNK:
@@ -91,6 +96,13 @@ class ScriptOutput:
                 self._last = tail.last
             total += n
         return total
+
+    def broken_streams(self) -> tuple[Stream, ...]:
+        """The job's streams whose copy goes to a pipe that lost its reader."""
+        out = self.tails[0].broken
+        if len(self.tails) == 1:
+            return ("stdout", "stderr") if out else ()
+        return (*(("stdout",) if out else ()), *(("stderr",) if self.tails[1].broken else ()))
 
     def drain(self) -> None:
         """Copy everything there is: the job is over."""
@@ -153,12 +165,16 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             exports.watch(lock, lambda: state, cfg=rules, send=source.send)
         follower = follow(source, state, lock)
         next_status = time.monotonic() + interval
+        closed: tuple[Stream, ...] = ()
         while proc.alive():
             if state.spawned and (job_dir := stepping_spawn(state.spawned)) is not None:
                 # the script spawned its ranks, and they train: follow them as a job from here
                 return _follow_spawned(proc, state, lock, follower, source, interval, err, rules, tail, exports,
                                        job_dir)
             tail.pump()
+            if (broken := tail.broken_streams()) != closed:  # `| head` left: the script's next print fails, as
+                closed = broken  # under plain python (it would have ended training unseen)
+                source.send(Command("close_output", streams=broken))
             if time.monotonic() >= next_rules:
                 with lock:
                     new = engine.update(state)
