@@ -143,8 +143,8 @@ async def test_q_in_a_replay_mid_way_quits_at_once(tmp_path):
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("space")  # paused mid-way, no exit recorded yet
         assert app.state.exit is None
-        # the output has no times to play it by: the panel says it shows the whole run's
-        assert app.query_one(LogPanel).border_title == "output (the whole run's: not played in time)"
+        # the output has no times to play it by: the panel says it shows the run's last lines (256 KiB, 5,000 lines)
+        assert app.query_one(LogPanel).border_title == "output (its last lines as the run left them: not played in time)"
         await pilot.press("q")
         await pilot.pause()
         assert not isinstance(app.screen, QuitScreen)

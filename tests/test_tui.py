@@ -614,10 +614,9 @@ async def test_a_launched_script_that_spawns_its_ranks_hands_over_to_the_ranks_d
             app.process.end(0)
 
 
-async def test_output_follows_its_tail_when_long_lines_bring_a_horizontal_scrollbar() -> None:
-    """At 80x24, the first lines wider than the panel add a horizontal scrollbar, which takes a line of the view:
-    the output stopped following new lines (the end had moved one line) until End was pressed. A view the user
-    scrolled up still stays where it is."""
+
+def only_log_app() -> Any:
+    """An app with the output panel alone, styled as the dashboard's."""
     from textual.app import App
 
     import perfmon.tui
@@ -628,7 +627,13 @@ async def test_output_follows_its_tail_when_long_lines_bring_a_horizontal_scroll
         def compose(self):
             yield LogPanel()
 
-    app = OnlyLog()
+    return OnlyLog()
+
+async def test_output_follows_its_tail_when_long_lines_bring_a_horizontal_scrollbar() -> None:
+    """At 80x24, the first lines wider than the panel add a horizontal scrollbar, which takes a line of the view:
+    the output stopped following new lines (the end had moved one line) until End was pressed. A view the user
+    scrolled up still stays where it is."""
+    app = only_log_app()
     async with app.run_test(size=(80, 24)) as pilot:
         panel = app.query_one(LogPanel)
         log = panel.log_widget
@@ -643,6 +648,26 @@ async def test_output_follows_its_tail_when_long_lines_bring_a_horizontal_scroll
         panel.add_lines(["more"] * 5)
         await pilot.pause()
         assert log.max_scroll_y - log.scroll_y == 25
+
+
+async def test_a_view_scrolled_up_stays_on_its_lines_once_the_panel_is_full() -> None:
+    """The panel keeps the last 5,000 lines: once full, each new line pushes the oldest out, and a view scrolled up
+    to read a line kept that line in place (it drifted up a line with every new one)."""
+    from perfmon.tail import OUTPUT_LINES
+
+    app = only_log_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        panel = app.query_one(LogPanel)
+        log = panel.log_widget
+        panel.add_lines([f"line {i}" for i in range(OUTPUT_LINES)])
+        await pilot.pause()
+        log.scroll_to(y=4000, animate=False, immediate=True)
+        await pilot.pause()
+        assert log.lines[int(log.scroll_y)] == "line 4000"
+        panel.add_lines([f"new {i}" for i in range(30)])
+        await pilot.pause()
+        assert log.line_count == OUTPUT_LINES and log.lines[0] == "line 30"
+        assert log.lines[int(log.scroll_y)] == "line 4000"
 
 
 TORCH_RAISED = (

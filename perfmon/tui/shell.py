@@ -177,7 +177,7 @@ class DashboardShell(App[None]):
             self.query_one(panel).border_title = title
         self.query_one("#findings", FindingsPanel).border_subtitle = "↑↓ move · Enter opens"
         if self.mode.player is not None:  # the output has no times: a replay shows it whole from the start
-            self.query_one(LogPanel).border_title = "output (the whole run's: not played in time)"
+            self.query_one(LogPanel).border_title = "output (its last lines as the run left them: not played in time)"
         self.query_one(LogPanel).log_widget.focus()
         if self.notice:
             self.notify(self.notice.removeprefix("perfmon: "), title="perfmon", timeout=15, markup=False)

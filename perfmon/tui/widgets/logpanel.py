@@ -94,10 +94,14 @@ class LogPanel(Vertical):
         # Within a line of the end: the horizontal scrollbar a first long line brings takes a line of the view,
         # which moves the end one line further (Log's own check then stopped following for good)
         self.following = log.max_scroll_y - log.scroll_y <= 1
-        log.write_lines([clean_line(line) for line in lines], scroll_end=False)
+        new = [clean_line(line) for line in lines]
+        before = log.line_count
+        log.write_lines(new, scroll_end=False)
         if self.following:
             self._follow_tail()
             self.call_after_refresh(self._follow_tail)  # once the scrollbar is laid out too
+        elif dropped := before + len(new) - log.line_count:  # the oldest lines made room: the view stays on
+            log.scroll_to(y=max(0, log.scroll_y - dropped), animate=False, immediate=True)  # the lines it showed
 
     def on_resize(self) -> None:
         """Panels above appeared or the view changed: a log that followed its tail keeps following it."""
