@@ -670,6 +670,23 @@ async def test_a_view_scrolled_up_stays_on_its_lines_once_the_panel_is_full() ->
         assert log.lines[int(log.scroll_y)] == "line 4000"
 
 
+async def test_arrow_keys_scroll_a_long_line_sideways_a_few_columns_at_a_time() -> None:
+    app = only_log_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        panel = app.query_one(LogPanel)
+        log = panel.log_widget
+        panel.add_lines(["x" * 300])
+        log.focus()
+        await pilot.pause()
+        await pilot.press("right", "right")
+        assert log.scroll_x == 2 * log.SIDEWAYS
+        await pilot.press("left")
+        assert log.scroll_x == log.SIDEWAYS
+        for _ in range(60):
+            await pilot.press("right")
+        assert log.scroll_x == log.max_scroll_x > 0
+
+
 TORCH_RAISED = (
     "Traceback (most recent call last):\n"
     '  File "/home/ada/proj/crash.py", line 12, in <module>\n'

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from rich.cells import cell_len
 from rich.segment import Segment
 from rich.text import Text
+from textual.actions import SkipAction
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.reactive import reactive
@@ -44,6 +45,19 @@ class OutputLog(Log):
     step 375" read as "at step 3"."""
 
     COMPONENT_CLASSES = {"outputlog--more"}
+    #: columns a ← or → moves: a long line (a tqdm bar, a traceback's path) is read in a few keys, not a hundred
+    SIDEWAYS = 8
+
+    def action_scroll_left(self) -> None:
+        self._sideways(-self.SIDEWAYS)
+
+    def action_scroll_right(self) -> None:
+        self._sideways(self.SIDEWAYS)
+
+    def _sideways(self, columns: int) -> None:
+        if not self.allow_horizontal_scroll:
+            raise SkipAction()
+        self.scroll_relative(x=columns, animate=False)
 
     def render_line(self, y: int) -> Strip:
         strip = super().render_line(y)
