@@ -136,10 +136,20 @@ def _strip_python(args: argparse.Namespace, rest: list[str]) -> list[str]:
         args.module = rest[0][2:]
         return rest[1:]
     if rest and rest[0].startswith("-"):
+        form = _ENV_FORMS.get(rest[0][:2] if rest[0][:2] in ("-W", "-X") else rest[0])
         _run_parser().error(f"python option {rest[0]} is not supported after 'python': perfmon runs the script "
-                            "itself; use its environment form (PYTHONUNBUFFERED=1 for -u, PYTHONWARNINGS for -W, "
-                            "PYTHONDEVMODE=1 for -X dev, PYTHONOPTIMIZE=1 for -O)")
+                            "itself; use " + (f"{form} instead" if form else "its environment form, where it has "
+                                              "one (PYTHONUNBUFFERED=1 for -u, PYTHONSAFEPATH=1 for -P, "
+                                              "PYTHONWARNINGS for -W, PYTHONDEVMODE=1 for -X dev, PYTHONOPTIMIZE=1 "
+                                              "for -O)"))
     return rest
+
+
+#: python's options that have an environment form perfmon passes on to the job
+_ENV_FORMS = {"-u": "PYTHONUNBUFFERED=1", "-W": "PYTHONWARNINGS", "-X": "PYTHONDEVMODE=1 (-X dev) or the PYTHON* "
+              "variable of the -X option", "-O": "PYTHONOPTIMIZE=1", "-OO": "PYTHONOPTIMIZE=2",
+              "-P": "PYTHONSAFEPATH=1", "-B": "PYTHONDONTWRITEBYTECODE=1", "-b": "PYTHONWARNINGS=default::BytesWarning",
+              "-v": "PYTHONVERBOSE=1", "-d": "PYTHONDEBUG=1"}
 
 
 def _report(argv: list[str]) -> int:

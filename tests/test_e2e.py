@@ -1779,6 +1779,14 @@ def test_monitor_killed_training_goes_on_and_recording_completes(background, env
 
 
 # -- usage errors -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("option, form", [("-P", "PYTHONSAFEPATH=1"), ("-u", "PYTHONUNBUFFERED=1"),
+                                          ("-OO", "PYTHONOPTIMIZE=2"), ("-Wignore", "PYTHONWARNINGS")])
+def test_a_python_option_is_refused_naming_its_environment_form(env, option, form):
+    res = perfmon(["--headless", "python", option, "demos/loops/crash.py"], env)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].endswith(f"use {form} instead (see perfmon --help)"), res.stderr
+
+
 @pytest.mark.parametrize("args", [
     pytest.param(["--headless", "no_such_script.py"], id="missing_script"),
     pytest.param(["--headless", "-m", "no_such_module_xyz"], id="missing_module"),

@@ -781,3 +781,13 @@ def test_an_empty_findings_list_says_why(evaluated, ended, words):
     from perfmon.tui.widgets.findings import FindingsInfo
 
     assert FindingsInfo.from_findings([], evaluated, ended=ended).empty_words == words
+
+
+@pytest.mark.parametrize("low, high, text", [
+    (37.3, 84.0, "37.3–84.0 ms"),
+    (0.41, 9999.0, "0.41–9999 ms"),
+    (8.49, 15_000.0, "8.49 ms–15.0 s"),  # a step of seconds: each end with its unit ("8.49–15.0s ms" before)
+    (12_000.0, 150_000.0, "12.0 s–150 s"),
+])
+def test_the_step_time_range_gives_each_end_its_unit_past_ten_seconds(low, high, text):
+    assert fmt.ms_range(low, high) == text

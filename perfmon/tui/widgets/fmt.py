@@ -29,6 +29,18 @@ def ms(value: float | None) -> str:
     return f"{value / 1000:.0f}s"
 
 
+def ms_range(low: float, high: float) -> str:
+    """``37.3–84.0 ms``; each end with its own unit where one reaches seconds: ``8.49 ms–15.0 s``."""
+    if high < 10_000:
+        return f"{ms(low)}–{ms(high)} ms"
+
+    def one(value: float) -> str:
+        text = ms(value)
+        return text.replace("s", " s") if text.endswith("s") else f"{text} ms"
+
+    return f"{one(low)}–{one(high)}"
+
+
 def share(value: float | None) -> str:
     """A fraction as a percentage: ``4.5%``, ``45%``, ``100%``."""
     if value is None:

@@ -154,7 +154,7 @@ class PhasesView:
         label.append(span, st["span"])
         if series:  # the single steps' range: the bars are means (a second's, or more), which hide a spike
             low, high = self.info.extent or (min(series), max(series))
-            label.append(f": {fmt.ms(low)}–{fmt.ms(high)} ms", st["heading"])
+            label.append(f": {fmt.ms_range(low, high)}", st["heading"])
         return label
 
     def chart_lines(self, width: int, height: int) -> list[Text]:
