@@ -1879,7 +1879,9 @@ def test_syntax_error_is_one_status_line_and_no_step_table(env, tmp_path):
     assert res.returncode == 1
     status = [line for line in res.stderr.splitlines() if line.strip().startswith("status")]
     assert status == ["  status    failed: SyntaxError (syn.py line 2)"], res.stderr
-    assert "no training steps seen" in res.stderr and "mean ms" not in res.stderr
+    # it ended before a step could be: no hint about custom loops
+    assert "no training steps: the script ended (failed: SyntaxError (syn.py line 2)) before its first step" in \
+        res.stderr and "custom loop" not in res.stderr and "mean ms" not in res.stderr
     assert "SyntaxError: '(' was never closed" in (run / "stderr.log").read_text()  # the full text stays
 
 

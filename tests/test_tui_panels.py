@@ -771,16 +771,18 @@ def test_an_ended_jobs_header_gives_the_whole_runs_rates_as_its_summary_does():
     assert header.samples_s == fmt.rate(summary["samples_per_s"])
 
 
-@pytest.mark.parametrize("evaluated, ended, words", [
-    (False, False, "no findings yet: the rules need a few steps past warm-up"),
-    (True, False, "no findings: nothing the rules can name is holding this run back"),
-    (True, True, "no findings: nothing the rules can name is holding this run back"),
-    (False, True, "no findings: the run had too few steps past warm-up for the rules that judge steps"),
+@pytest.mark.parametrize("evaluated, ended, stepped, words", [
+    (False, False, True, "no findings yet: the rules need a few steps past warm-up"),
+    (False, False, False, "no findings yet: the rules need a few steps past warm-up"),
+    (True, False, True, "no findings: nothing the rules can name is holding this run back"),
+    (True, True, True, "no findings: nothing the rules can name is holding this run back"),
+    (False, True, True, "no findings: the run had too few steps past warm-up for the rules that judge steps"),
+    (False, True, False, "no findings: the run ended before its first step"),
 ])
-def test_an_empty_findings_list_says_why(evaluated, ended, words):
+def test_an_empty_findings_list_says_why(evaluated, ended, stepped, words):
     from perfmon.tui.widgets.findings import FindingsInfo
 
-    assert FindingsInfo.from_findings([], evaluated, ended=ended).empty_words == words
+    assert FindingsInfo.from_findings([], evaluated, ended=ended, stepped=stepped).empty_words == words
 
 
 @pytest.mark.parametrize("low, high, text", [
@@ -791,3 +793,14 @@ def test_an_empty_findings_list_says_why(evaluated, ended, words):
 ])
 def test_the_step_time_range_gives_each_end_its_unit_past_ten_seconds(low, high, text):
     assert fmt.ms_range(low, high) == text
+
+
+async def test_a_run_that_ended_before_its_first_step_says_so_while_its_stream_stays_open(tmp_path: Path) -> None:
+    """A job that failed at once (input() under the dashboard) whose stream is still followed: its exit is known,
+    so the findings say the run ended before a step (they said "no findings yet" for good)."""
+    run_dir = write_recording(tmp_path / "run", steps=0, exit="failed", profile=False, flops=False)
+    app = PerfmonApp(RunState(), ReplaySource(run_dir, follow=True, poll=0.05), run_dir)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.state.exit is not None)
+        await wait_until(pilot, lambda: "the run ended before its first step" in screen_text(app))
+        assert not app.stream_ended

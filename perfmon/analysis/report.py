@@ -86,10 +86,12 @@ NO_TORCH = ("no training steps seen: this process never imported torch. Training
 
 
 def no_steps(state: RunState) -> str:
-    """Why a run has no step, as far as the recording tells (a script that failed first says why itself)."""
+    """Why a run has no step, as far as the recording tells: it ended first (failed, killed, a non-zero exit), it never
+    imported torch, or its loop is one perfmon cannot see."""
     ended = state.exit
-    clean = ended is not None and not ended.exception and not ended.signal and ended.code in (0, None)
-    return NO_TORCH if clean and state.meta.cuda is None else NO_STEPS
+    if ended is not None and (ended.exception or ended.signal or ended.code not in (0, None)):
+        return f"no training steps: the script ended ({state.status}) before its first step"
+    return NO_TORCH if ended is not None and state.meta.cuda is None else NO_STEPS
 
 
 def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[str, Any]:

@@ -312,7 +312,10 @@ class DashboardShell(App[None]):
             if self.job is not None:  # the findings across ranks (a straggler) come first in every rank's list
                 across = evaluate_job(rank_rows(self.job, cfg.warmup_steps, cfg.min_steps), cfg)
                 active = sorted([*across, *active], key=lambda f: f.rank, reverse=True)
-        findings = FindingsInfo.from_findings(active, evaluated, ended=self.stream_ended)
+            # over once its exit is known: a job that ended at once may leave its stream open a while longer
+            over = self.stream_ended or (self.job is None and self.state.exit is not None)
+            stepped = self.state.steps > 0 or self.job is not None
+        findings = FindingsInfo.from_findings(active, evaluated, ended=over, stepped=stepped)
         if findings == self.findings:
             return
         self.findings = findings

@@ -27,6 +27,7 @@ MARKS = {"critical": "▲", "warn": "▲", "info": "●"}
 WAITING = "no findings yet: the rules need a few steps past warm-up"
 NONE = "no findings: nothing the rules can name is holding this run back"
 TOO_SHORT = "no findings: the run had too few steps past warm-up for the rules that judge steps"
+NO_STEP = "no findings: the run ended before its first step"
 
 
 def evidence_value(key: str, value: Any) -> str:
@@ -72,16 +73,20 @@ class FindingsInfo:
     rows: tuple[FindingRow, ...]  # worst first
     evaluated: bool  # the rules have had enough steps to say anything
     ended: bool = False  # the run is over: no more steps will come
+    stepped: bool = True  # the run made a step
 
     @property
     def empty_words(self) -> str:
         """What an empty list says."""
         if self.evaluated:
             return NONE
-        return TOO_SHORT if self.ended else WAITING
+        if not self.ended:
+            return WAITING
+        return TOO_SHORT if self.stepped else NO_STEP
 
     @classmethod
-    def from_findings(cls, findings: Iterable[Any], evaluated: bool = True, ended: bool = False) -> FindingsInfo:
+    def from_findings(cls, findings: Iterable[Any], evaluated: bool = True, ended: bool = False,
+                      stepped: bool = True) -> FindingsInfo:
         """From :class:`perfmon.analysis.rules.Finding` objects (already sorted, worst first)."""
         rows = tuple(
             FindingRow(
@@ -91,7 +96,7 @@ class FindingsInfo:
             )
             for f in findings
         )
-        return cls(rows, evaluated or bool(rows), ended)
+        return cls(rows, evaluated or bool(rows), ended, stepped)
 
     @property
     def worst(self) -> FindingRow | None:
