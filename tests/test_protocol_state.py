@@ -142,6 +142,19 @@ def test_state_aggregates_recent_and_total():
     assert "step 100 |" in line and "step 15.0 ms | data 7% fwd" in line, line
 
 
+def test_the_summary_names_time_outside_steps_that_reads_as_more_than_zero():
+    """A step cut short by a signal leaves a tenth of a millisecond "outside" it: "evaluation 0.0%" said nothing
+    but that the script evaluates, which it may not. The JSON keeps it."""
+    state = RunState()
+    state.apply(hello())
+    state.apply(steps_msg([row(i, 1001.0 + i * 0.01) for i in range(1, 11)], seq=2))
+    summary = build_summary(state)
+    summary["outside_steps"] = {"evaluation": {"ms": 0.094, "share": 0.00004},
+                                "checkpoint": {"ms": 30.0, "share": 0.25}}
+    lines = [line.split() for line in format_summary(state, summary).splitlines() if line.startswith("  outside")]
+    assert lines == [["outside", "checkpoint", "25.0%", "of", "wall", "time", "(not", "in", "any", "step)"]]
+
+
 def test_whole_run_figures_leave_the_first_step_out_and_say_so():
     """Step 1 holds what ran before the loop was learned (here 2 s of setup after a first forward): the phase
     table, steps/s and samples/s describe the steps after it, and the summary names it. A run of two steps (too

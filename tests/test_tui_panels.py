@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import queue
 import re
 import threading
@@ -751,6 +753,32 @@ def test_the_header_says_when_the_job_has_gone_quiet_instead_of_its_last_rate(ga
     assert header.steps_s == shown and header.samples_s == (fmt.DASH if "no step" in shown else "320")
     st.apply(protocol.message("event", seq=3, kind="exit", code=0, t=1005.0))
     assert HeaderInfo.from_state(st, now=1005.0 + gap).steps_s == "10.0"  # over: its rate stands
+
+
+def test_a_quiet_jobs_header_at_80_columns_keeps_its_elapsed_time_over_an_unknown_sample_rate():
+    """"steps/s — (no step for 0:00:11)" is long: at 80 columns "samples/s —" (nothing known) gives way, not the
+    elapsed time ("elap…")."""
+    from collections import defaultdict
+
+    from rich.console import Console
+    from rich.style import Style
+
+    from perfmon.tui.widgets.header import HeaderInfo, HeaderView
+
+    st = RunState()
+    st.apply(protocol.message("hello", seq=1, script="x", start=1000.0))
+    rows = [[i, 1000.0 + i / 10, 100.0, 0, 50.0, 40.0, 10.0, 0, 0] for i in range(1, 102)]
+    st.apply(protocol.message("steps", fields=list(protocol.STEP_FIELDS), seq=2, rows=rows))
+
+    def second_line(width: int, badge: str) -> str:
+        info = dataclasses.replace(HeaderInfo.from_state(st, now=1021.5), badge=badge, badge_kind="warn")
+        console = Console(width=width, record=True, file=io.StringIO())
+        console.print(HeaderView(info, defaultdict(Style)))
+        return console.export_text().splitlines()[1]
+
+    narrow = second_line(80, "▲ cpu-contention")
+    assert "(no step for 0:00:11)" in narrow and "elapsed 0:00:21" in narrow and "samples/s" not in narrow
+    assert "samples/s —" in second_line(120, "▲ cpu-contention")  # room enough: said as before
 
 
 def test_an_ended_jobs_header_gives_the_whole_runs_rates_as_its_summary_does():

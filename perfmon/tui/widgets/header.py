@@ -171,12 +171,12 @@ class HeaderView:
             yield Text("perfmon — waiting for the job…", style=st["label"])
             return
         marker = {"running": "●", "ok": "✔", "failed": "✘", "ended": "■"}[info.kind]
-        line2 = Text()
-        for i, (label, value) in enumerate((
-            ("step", info.step), ("steps/s", info.steps_s), ("samples/s", info.samples_s),
-            ("elapsed", info.elapsed),
-        )):
-            line2.append("  " if i else "").append(f"{label} ", st["label"]).append(value, st["value"])
+        figures = [("step", info.step), ("steps/s", info.steps_s), ("samples/s", info.samples_s),
+                   ("elapsed", info.elapsed)]
+        line2 = self._figures(figures)
+        if line2.cell_len + 2 + len(info.badge) > options.max_width and info.samples_s == fmt.DASH:
+            # narrow (a quiet job's "no step for ..."): an unknown sample rate gives way to the elapsed time
+            line2 = self._figures([f for f in figures if f[0] != "samples/s"])
         line3 = Text()
         line3.append("pid ", st["label"]).append(info.pid, st["value"])
         if info.device:
@@ -204,6 +204,13 @@ class HeaderView:
             grid.add_column(no_wrap=True, justify="right")
             grid.add_row(left, right)
             yield grid
+
+
+    def _figures(self, figures: list[tuple[str, str]]) -> Text:
+        line = Text()
+        for i, (label, value) in enumerate(figures):
+            line.append("  " if i else "").append(f"{label} ", self.styles["label"]).append(value, self.styles["value"])
+        return line
 
 
 class RunHeader(StyledWidget):
