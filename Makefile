@@ -14,9 +14,16 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-setup: $(BIN)/python
+# installed once, again only when what the install builds from changes (the C hot path, the dependencies): an
+# editable install sees every other change as it is made
+STAMP := $(VENV)/.perfmon-installed
+
+$(STAMP): pyproject.toml setup.py perfmon/agent/_hot.c | $(BIN)/python
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH)" numpy
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $@
+
+setup: $(STAMP)
 
 demo: setup
 	$(BIN)/perfmon demos/train_mlp.py --steps 20000
