@@ -233,6 +233,15 @@ def test_loopback_needs_the_token_too_and_prints_the_ssh_line(tmp_path: Path, en
         served.close()
 
 
+def test_a_recording_served_on_every_address_names_the_machine_and_no_job(tmp_path: Path) -> None:
+    """0.0.0.0 is no address to open; and a recording has no job to stop or to go on."""
+    import socket
+
+    server = make_server(str(write_recording(tmp_path / "run")), host="0.0.0.0", port=free_port(), host_given=True)
+    assert server.lines[1].startswith(f"  open http://{socket.gethostname()}:")
+    assert "the recording" in server.lines[0] and not any("job" in line for line in server.lines[1:])
+
+
 def test_a_short_token_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ServeError, match="at least 12"):
         make_server(str(write_recording(tmp_path / "run")), port=free_port(), token="")

@@ -116,7 +116,8 @@ def make_server(target: str | None, host: str = "127.0.0.1", port: int = 8000, t
             probe.bind((host, port))
         except OSError as exc:
             raise ServeError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose --port") from None
-    shown = "localhost" if host in LOOPBACK else host
+    # a wildcard address is no place to open: the machine's name is (what the other machine reaches it by)
+    shown = "localhost" if host in LOOPBACK else socket.gethostname() if host in ("0.0.0.0", "::", "") else host
     server = server_class(shlex.join(command), host=host, port=port, title="perfmon",
                           public_url=None if host not in LOOPBACK else f"http://localhost:{port}")
     server.token = token
@@ -124,8 +125,12 @@ def make_server(target: str | None, host: str = "127.0.0.1", port: int = 8000, t
     lines = [f"perfmon: serving the dashboard of {what}", f"  open {url}"]
     if host in LOOPBACK:
         lines.append(f"  from another machine: ssh -L {port}:127.0.0.1:{port} {_login()}  then open that URL")
-    lines.append("  whoever has the token can watch the job and use its keys (stop included): keep it private")
-    lines.append("  Ctrl-C stops serving (the job goes on)")
+    if "attach" in command:
+        lines.append("  whoever has the token can watch the job and use its keys (stop included): keep it private")
+        lines.append("  Ctrl-C stops serving (the job goes on)")
+    else:  # a recording: nothing to stop
+        lines.append("  whoever has the token can watch the recording: keep it private")
+        lines.append("  Ctrl-C stops serving")
     server.lines = lines
     return server
 
