@@ -345,7 +345,7 @@ def _attach(argv: list[str]) -> int:
     outcome = getattr(app, "outcome", "")
     if outcome == "detached":
         print(f"perfmon: detached; training continues as pid {run['pid']}\n"
-              f"  come back:  perfmon attach {run['pid']}", file=sys.stderr)
+              f"  come back: perfmon attach {run['pid']}", file=sys.stderr)
     elif outcome == "stopped":
         print(f"perfmon: SIGINT sent to pid {run['pid']} through its agent (like Ctrl-C); waiting for it to end "
               f"(Ctrl-C stops waiting)", file=sys.stderr, flush=True)
@@ -400,7 +400,7 @@ def _attach_job(run: dict, metrics: Any = None) -> int:
     app.run()
     source.close()
     if getattr(app, "outcome", "") == "detached":
-        print(f"perfmon: detached; the job continues\n  come back:  perfmon attach {job_dir}", file=sys.stderr)
+        print(f"perfmon: detached; the job continues\n  come back: perfmon attach {job_dir}", file=sys.stderr)
     return 0
 
 
@@ -591,16 +591,17 @@ def _main(argv: list[str] | None = None) -> int:
         if not args.run_dir:
             _remove_if_empty(run_dir)
         return 2
-    if not args.headless and not _has_terminal():
-        print("perfmon: no terminal (stdin/stdout is not a TTY): running headless; script output on stdout, "
-              "status on stderr (--headless says so explicitly)", file=sys.stderr)
-        args.headless = True
+    no_terminal = not args.headless and not _has_terminal()
+    args.headless = args.headless or no_terminal
     try:
         proc = TrainingProcess(target, run_dir, args.python, env, inherit_stdin=args.headless,
                                combined_output=same_destination()).start()
     except LaunchError as exc:
         print(f"perfmon: error: {exc}", file=sys.stderr)
         return 2
+    if no_terminal:  # said once the job runs (a run dir refused is one line alone)
+        print("perfmon: no terminal (stdin/stdout is not a TTY): running headless; script output on stdout, "
+              "status on stderr (--headless says so explicitly)", file=sys.stderr)
     if args.headless and target.torchrun:
         from perfmon.monitor.job_run import run_headless_job
 

@@ -1869,6 +1869,10 @@ def test_without_a_terminal_perfmon_runs_headless_and_ends_with_the_job(env, tmp
     assert res.returncode == 3, res.stderr
     assert "no terminal" in res.stderr and "running headless" in res.stderr
     assert "perfmon summary" in res.stderr
+    again = perfmon(["--run-dir", str(tmp_path / "run"), "demos/loops/exit_code.py"], env)
+    assert again.returncode == 2  # refused: one line, no word about how it would have run
+    assert again.stderr.splitlines() == [f"perfmon: error: run dir {tmp_path / 'run'} already holds a recording; "
+                                         "choose another --run-dir"]
 
 
 def test_syntax_error_is_one_status_line_and_no_step_table(env, tmp_path):

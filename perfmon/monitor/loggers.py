@@ -103,6 +103,7 @@ class ScalarLoggers:
         self.cfg = Config()
         self.send: Callable[[Command], bool] | None = None
         self._cleared: dict[str, set[str]] = {}  # finding tags logged before, per series: they log 0 when gone
+        self._last: dict[str, tuple[int, dict[str, float]]] = {}  # each series' last point
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="perfmon-loggers", daemon=True)
         self.written = 0
@@ -144,6 +145,9 @@ class ScalarLoggers:
             gone = self._cleared.setdefault(key, set()) - set(values)
             values.update({tag: 0.0 for tag in gone if tag.startswith("perfmon/finding/")})
             self._cleared[key] |= {t for t in values if t.startswith("perfmon/finding/")}
+            if self._last.get(key) == (step, values):  # nothing new since the last point (a quiet job, the end
+                continue  # right after a tick): the same point twice is one too many on every chart
+            self._last[key] = (step, dict(values))
             if self.tb is not None:
                 self.tb.write(step, {prefix + tag: v for tag, v in values.items()})
             if self.wandb and self.send is not None:
