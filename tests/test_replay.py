@@ -125,6 +125,11 @@ async def test_replay_keys_in_the_dashboard(tmp_path):
         assert app.state.exit is None and app.state.steps < 100
         info = app._header_info()
         assert info.mode.startswith("replay 2x ▶") and info.elapsed.startswith("0:00:0")
+        await pilot.press("p")  # no job to profile: said, not silently dropped
+        await pilot.pause()
+        said = [n.message for n in app._notifications]
+        assert any(m.startswith("p: no running job here (a replay)") for m in said), said
+        assert not app.commands_sent
         await pilot.press("question_mark")
         assert ("space + - [ ]", "replay: pause/play, faster, slower, start, end") in app.key_help()
     src.close()

@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 from typing import Any, cast
 
+from textual import events
 from textual.actions import parse as parse_action
 from textual.binding import Binding
 
@@ -256,6 +257,15 @@ class PerfmonApp(DashboardShell):
         if action in ("command", "detach") and not self.live and parameters != ("export",):
             return False  # a replay or a finished job: no job to command or to leave running (export is ours)
         return True
+
+    def on_key(self, event: events.Key) -> None:
+        """A key that acts on a running job, pressed where there is none (a replay, a job that ended): said, not
+        silently dropped (its binding is off, so the key reaches here)."""
+        key = event.key
+        if key in COMMANDS and key != "e" and not self.live and len(self.screen_stack) == 1:
+            event.stop()
+            self.notify(f"{key}: no running job here ({'a replay' if self.mode.player is not None else 'it ended'}); "
+                        f"{COMMANDS[key][2]} needs one", title=COMMANDS[key][0], severity="warning", markup=False)
 
     def action_help(self) -> None:
         """?: the key list."""
