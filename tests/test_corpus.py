@@ -50,6 +50,7 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
     "pretrain_finetune": ("pretrain_finetune.py", ["--pretrain-steps", "20", "--probe-steps", "20"], False),
     "cleanrl_ppo": ("cleanrl_ppo.py", ["--iterations", "3"], False),
     "cleanrl_dqn": ("cleanrl_dqn.py", [], False),
+    "accumulate_validate": ("accumulate_validate.py", ["--batches", "24"], False),
 }
 
 
@@ -192,6 +193,11 @@ def test_case_expectations(pair):
         probe = [r for r in rows if r["i"] > truth["pretrain_steps"] + 1]  # its first forward ran before it was seen
         assert len(probe) == truth["steps"] - truth["pretrain_steps"] - 1
         assert all(r["forward_ms"] > 0 for r in probe), [r["forward_ms"] for r in probe]
+    elif pair.name == "accumulate_validate":  # validation between micro-batches: outside time, not the step's
+        rows = [dict(zip(m["fields"], row, strict=True))
+                for m in events(pair.run) if m.get("type") == "steps" for row in m["rows"]]
+        assert [r["samples"] for r in rows] == [truth["samples_per_step"]] * truth["steps"], rows
+        assert rep["outside_steps"]["evaluation"]["ms"] > 0, rep["outside_steps"]
     elif pair.name == "cleanrl_ppo":  # the rollouts between updates (the agent under no_grad) are outside steps
         per_rollout = rep["outside_steps"]["evaluation"]["ms"] / 2  # 3 iterations: 2 rollouts between updates
         assert per_rollout > 0 and phases["forward"]["mean_ms"] > 0, rep["outside_steps"]

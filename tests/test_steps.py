@@ -405,6 +405,40 @@ def test_evaluation_between_steps_is_outside_time_not_the_next_step():
     assert tracker.outside["evaluation"] == pytest.approx(20 * 0.007 + 0.0005)
 
 
+def test_evaluation_inside_an_accumulation_window_is_outside_time_not_the_step():
+    """Validation every N micro-batches (Lightning's val_check_interval) lands between two micro-batches of one
+    step: its fetches and no-grad forwards are outside time, not the step's samples, phases or duration."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(3):
+        for micro in range(2):
+            s.phase("data", 1, 8).forward(1).phase("backward", 1)
+            if i == 1 and micro == 0:
+                for _ in range(20):
+                    s.phase("data", 2, 72).nograd_forward(5)
+        s.phase("optimizer", 1)
+    steps = s.run(tracker)
+    assert len(steps) == 3
+    assert [r.samples for r in steps] == [16, 16, 16]
+    inside = steps[1]
+    assert inside.duration == pytest.approx(0.007) and inside.other == pytest.approx(0.0, abs=1e-9)
+    assert inside.phases == pytest.approx({"data": 0.002, "forward": 0.002, "backward": 0.002, "optimizer": 0.001})
+    assert tracker.outside["evaluation"] == pytest.approx(20 * 0.007)
+
+
+def test_a_frozen_teachers_forward_in_every_micro_batch_stays_in_the_step():
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(3):
+        for _ in range(2):
+            s.phase("data", 1, 8).nograd_forward(3, "teacher").forward(2, "student").phase("backward", 1)
+        s.phase("optimizer", 1)
+    tracker = StepTracker()
+    steps = s.run(tracker)
+    assert len(steps) == 3 and all(r.samples == 16 for r in steps)
+    assert all(r.phases["forward"] == pytest.approx(0.010) for r in steps)
+    assert sum(tracker.outside.values()) == 0
+
+
 def test_ema_copy_evaluated_without_loader_is_outside_time():
     tracker = StepTracker()
     s = Seq().mark(OPTIMIZER_CREATED)
@@ -648,7 +682,7 @@ def _mixed(seed: int) -> Seq:
     loader = rng.random() < 0.5
     for _ in range(40):
         kind = rng.choice(("steady", "steady", "steady", "eval", "ckpt", "closure", "scaler", "teacher", "accum",
-                           "nosamples", "copy"))
+                           "nosamples", "copy", "accum-eval"))
         if kind == "steady":
             _steady(s, rng.randint(1, 12), loader)
         elif kind == "eval":
@@ -668,6 +702,13 @@ def _mixed(seed: int) -> Seq:
             for _ in range(2):
                 s.phase("data", 1, 8).forward(1).phase("backward", 1)
             s.phase("optimizer", 1)
+        elif kind == "accum-eval":  # validation between two micro-batches of one step
+            s.phase("data", 1, 8).forward(1).phase("backward", 1)
+            for _ in range(rng.randint(1, 3)):
+                if loader:
+                    s.phase("data", 1, 8)
+                s.nograd_forward(1)
+            s.phase("data", 1, 8).forward(1).phase("backward", 1).phase("optimizer", 1)
         elif kind == "nosamples":
             s.phase("data", 1, None).forward(1).phase("backward", 1).phase("optimizer", 1)
         else:  # an EMA copy evaluated between steps

@@ -25,7 +25,8 @@ Rules (README "What is measured, and how" says the same):
 * Between steps, a stretch with evaluation forwards (a no-grad call of a trained model or
   of a copy of it), extra DataLoader fetches or ``torch.save`` is time outside training
   steps, never part of a step. A no-grad forward of a module that is never trained (a
-  frozen teacher) stays in the step.
+  frozen teacher) stays in the step. So between two micro-batches of one step (gradient accumulation
+  with validation every N batches): that stretch is outside time, and the step's time leaves it out.
 """
 
 from __future__ import annotations
@@ -260,6 +261,9 @@ class StepTracker:
         self._done: _Part | None = None  # ended at an optimizer step, waiting for the boundary
         self._training = False  # the current part saw training work (grad forward, backward, optimizer)
         self._segments: list[_Segment] = []  # before training work: candidates for "outside"
+        #: the end of a backward in a step that goes on (gradient accumulation): what comes before its next training
+        #: work is held as segments, and may be an evaluation inside the step (None: not held)
+        self._resume_from: float | None = None
         self._last_t = 0.0
         self._prefetch = 0.0  # seconds of other threads' fetches since the last step was made
         self._prefetch_samples = 0  # and the samples they fetched
@@ -404,7 +408,10 @@ class StepTracker:
                     part = self._part = _Part(t, mark)
                 if not (self._training or self.explicit):
                     if phase == "backward" or phase == "optimizer" or (phase == "forward" and kind == GRAD):
-                        self._start_training(t, part)
+                        if self._resume_from is None:
+                            self._start_training(t, part)
+                        else:
+                            self._resume_training(t, part)
                     else:
                         self._segments.append(_Segment(phase, key, kind == COPY, t, mark))
             stack.append((phase, mark))
@@ -435,6 +442,8 @@ class StepTracker:
     def finish(self) -> StepRecord | None:
         """The job ended: a step whose optimizer (or manual backward) ran is complete."""
         rec = self._commit()
+        if self._resume_from is not None:  # ended inside a step that never stepped: nothing of it is recorded
+            self._resume_from, self._segments = None, []
         if self._part is not None and not self._training and self._segments:
             self._settle_outside(self._last_t, len(self._segments))
             self._segments = []
@@ -467,6 +476,8 @@ class StepTracker:
         if phase == "optimizer":
             self._optimizers_seen = True
         elif phase != "backward" or self._optimizers_seen:
+            if phase == "backward":  # gradient accumulation: until the next training work, hold what comes (an
+                self._resume_from, self._training = t, False  # evaluation every N micro-batches: Lightning's)
             return
         # The step may end here: the boundary (next iteration) confirms it, or a second
         # optimizer of the same iteration (GAN: D then G) moves the end further.
@@ -518,6 +529,33 @@ class StepTracker:
         _absorb(part, segs[start:])
         self._segments = []
         self._training = True
+
+    def _resume_training(self, t: float, part: _Part) -> None:
+        """Training work came back in a step that held what followed its last backward: evaluation forwards in there
+        (a no-grad call of a trained model or a copy of it) and the fetches for them are outside the step, from that
+        backward's end to the fetches of the next micro-batch; the rest (the next micro-batch's fetch, a frozen
+        teacher's forward) is the step's."""
+        segs, since = self._segments, self._resume_from
+        assert since is not None
+        self._resume_from, self._segments, self._training = None, [], True
+        trained = self._trained
+        last_eval = max((i for i, s in enumerate(segs)
+                         if s.kind == "forward" and (s.copy or s.key in trained)), default=-1)
+        if last_eval < 0:  # the next micro-batch's fetch (the common case)
+            _absorb(part, segs)
+            return
+        start = last_eval + 1
+        data = [i for i in range(start, len(segs)) if segs[i].kind == "data"]
+        if data:
+            start = data[0]  # the next micro-batch's fetch(es)
+        until = segs[start].begin if start < len(segs) else t
+        total = max(0.0, until - since)
+        ckpt = min(total, sum(s.end - s.begin for s in segs[:start] if s.kind == CHECKPOINT))
+        self.outside["checkpoint"] += ckpt
+        self.outside["evaluation"] += total - ckpt
+        part.start += total  # the step's time leaves it out: its duration and "other" are its training's
+        part.start_mark = None  # the device's step time would hold it: not measured for this step
+        _absorb(part, segs[start:])
 
     def _settle_outside(self, until: float, upto: int) -> None:
         """Everything from the part's start to ``until`` is outside steps; say what it was."""
