@@ -549,7 +549,9 @@ async def test_commands_and_detach_are_not_offered_on_a_recording(tmp_path: Path
         assert "Profile" not in footer and "Detach" not in footer and "Quit" in footer
         await pilot.press("p", "d", "c")
         assert app.commands_sent == [] and app.view == "overview" and app.is_running
-        assert toasts(app) == []
+        # the keys that act on a running job say there is none; d (no job to leave running) stays quiet
+        assert [(text.split(";")[0], severity) for text, severity in toasts(app)] == [
+            ("p: no running job here (it ended)", "warning"), ("c: no running job here (it ended)", "warning")]
 
 
 # -- views, keys, layout -----------------------------------------------------------------------
