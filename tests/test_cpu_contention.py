@@ -35,10 +35,10 @@ QUIET = {"cpu_percent": 100.0, "cpu_count": 2, "system_cpu_percent": 50.0, "work
     ({"cpu_percent": 100.0, "trainer_wait_percent": 80.0, "cpu_count": 2, "usable_cpus": 2.0,
       "torch_threads": 2, "system_cpu_percent": 100.0},
      "2 torch threads but 1.0 CPUs free: other processes use 1.0 of 2 CPUs", "torch.set_num_threads(1)"),
-    # one torch thread, but DataLoader workers and another job crowd the host
+    # one torch thread, but child processes (no DataLoader said to have workers) and another job crowd the host
     ({"cpu_percent": 60.0, "trainer_wait_percent": 40.0, "cpu_count": 4, "usable_cpus": 4.0, "torch_threads": 1,
-      "workers_cpu_percent": 250.0, "system_cpu_percent": 100.0},
-     "The trainer waits for a CPU 40% of the time it wants one", "DataLoader workers 2.5"),
+      "workers_cpu_percent": 250.0, "system_cpu_percent": 100.0, "workers": 3},
+     "The trainer waits for a CPU 40% of the time it wants one", "child processes 2.5"),
 ])
 def test_fires_and_names_the_cause(host, title, fix):
     f = find(make_state(host=host), "cpu-contention")
@@ -48,6 +48,19 @@ def test_fires_and_names_the_cause(host, title, fix):
     assert ev["wait_share"] == pytest.approx(host["trainer_wait_percent"]
                                              / (host["cpu_percent"] + host["trainer_wait_percent"]), abs=1e-3)
     assert ev["torch_threads"] == host["torch_threads"] and f.impact == pytest.approx(ev["wait_share"], abs=1e-3)
+
+
+@pytest.mark.parametrize("children, num_workers, named", [
+    (3, 4, "DataLoader workers 0.8"),  # the loader's workers (fewer alive than it may have)
+    (1, 0, "child processes 0.8"),  # a rank that Lightning's ddp strategy started, no DataLoader workers
+    (5, 4, "child processes 0.8"),  # the loader's workers and one more
+])
+def test_the_trainers_children_are_called_dataloader_workers_only_where_the_loaders_account_for_them(
+        children, num_workers, named):
+    host = {"cpu_percent": 100.0, "trainer_wait_percent": 100.0, "cpu_count": 2, "usable_cpus": 2.0,
+            "torch_threads": 1, "workers_cpu_percent": 80.0, "system_cpu_percent": 100.0, "workers": children}
+    f = find(make_state(host=host, model={"loaders": [{"num_workers": num_workers}]}), "cpu-contention")
+    assert f is not None and named in f.fix, f.fix
 
 
 @pytest.mark.parametrize("wait, cpu, severity", [

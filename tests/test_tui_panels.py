@@ -739,6 +739,28 @@ def test_host_view_shows_a_cpu_limit_and_torch_threads_only_when_known() -> None
     assert "of 32 CPUs · load" in plain and "torch" not in plain
 
 
+@pytest.mark.parametrize("children, loaders, said", [
+    (4, [{"num_workers": 4}], "4 workers"),
+    (1, [{"num_workers": 0}], "1 child process"),  # Lightning's second rank, started by the script
+    (2, [], "2 child processes"),
+])
+def test_the_host_panel_calls_children_workers_only_where_the_loaders_account_for_them(children, loaders, said):
+    from rich.style import Style
+
+    from perfmon.tui.widgets.host import HostInfo, HostView
+
+    st = RunState()
+    st.apply(protocol.message("hello", seq=1, script="x", start=1000.0))
+    st.apply(protocol.message("model", seq=2, loaders=loaders))
+    st.apply(protocol.message("sample", seq=3, t=1001.0, host={"cpu_percent": 50.0, "cpu_count": 2,
+                                                             "workers": children, "workers_cpu_percent": 80.0}))
+    info = HostInfo.from_state(st)
+    assert info is not None
+    styles = {k: Style() for k in ("label", "value", "chart", "span", "trainer", "used", "free")}
+    text = "\n".join(line.plain for line in HostView(info, styles).lines(120))
+    assert f" {said} " in text, text
+
+
 @pytest.mark.parametrize("gap, shown", [
     (0.8, "10.0"),  # the agent's tick: rows come a second late, the job is not quiet
     (4.0, "10.0"),

@@ -32,7 +32,14 @@ from perfmon.messages.events import (
     WindowEdge,
     parse_event,
 )
-from perfmon.messages.facts import Hello, LoaderSettings, ModelInfo, OptimizerFlags, training_loader
+from perfmon.messages.facts import (
+    Hello,
+    LoaderSettings,
+    ModelInfo,
+    OptimizerFlags,
+    children_name,
+    training_loader,
+)
 from perfmon.messages.profile import Breakdown, OpStat, ProfileWindow, TraceFinding, parse_profile
 from perfmon.messages.steps import Bulk, StepRows, parse_steps
 from perfmon.messages.telemetry import (
@@ -51,7 +58,7 @@ __all__ = [
     "LEGACY_PROC_MEM_REASON", "PROC_NO_CONTEXT", "PROC_NOT_VISIBLE", "AgentWarning", "Breakdown", "Bulk", "CommandResult", "CudaMem", "Event",
     "Exit", "GpuSample", "Hello", "HostSample", "Invalid", "LoaderSettings", "Message", "ModelInfo", "OpStat",
     "OptimizerFlags", "Other", "ProfileStarted", "ProfileWindow", "RanksSpawned", "Reset", "Sample", "StepRows", "TraceFinding",
-    "WindowEdge", "as_sent", "merged", "parse", "training_loader",
+    "WindowEdge", "as_sent", "children_name", "merged", "parse", "training_loader",
 ]
 
 

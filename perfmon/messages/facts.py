@@ -79,6 +79,13 @@ CONVERT["tuple[OptimizerFlags, ...]"] = lambda v: records(OptimizerFlags, v)
 CONVERT["tuple[LoaderSettings, ...]"] = lambda v: records(LoaderSettings, v)
 
 
+def children_name(children: int | None, loaders: tuple[LoaderSettings, ...]) -> str:
+    """What the trainer's child processes are, in words: "DataLoader workers" where the loaders' workers account for
+    all of them, else "child processes" (ranks a framework started, a script's own subprocesses)."""
+    workers = sum(loader.num_workers or 0 for loader in loaders)  # a validation loader's may be alive too
+    return "DataLoader workers" if children and workers and children <= workers else "child processes"
+
+
 def training_loader(loaders: tuple[LoaderSettings, ...]) -> LoaderSettings | None:
     """The loader the training steps fetch from: the newest not iterated for an evaluation, else the newest."""
     for loader in reversed(loaders):

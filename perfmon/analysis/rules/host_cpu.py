@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
-from perfmon.messages import HostSample
+from perfmon.messages import HostSample, children_name
 
 
 def wait_share(h: HostSample) -> float | None:
@@ -42,6 +42,7 @@ def cpu_contention(f: Facts, cfg: Config) -> Finding | None:
     want = max(1, math.floor(free + 0.25))  # a whole CPU less a reading's noise (1.98 free is 2)
     threads = h.torch_threads
     limit = h.cpu_limit
+    children = children_name(h.workers, f.model.loaders)
     if threads is not None and threads > usable:
         title = (f"torch runs {threads} threads on {usable:g} usable CPUs ({limit})" if limit
                  else f"torch runs {threads} threads on the host's {usable:g} CPUs")
@@ -51,13 +52,13 @@ def cpu_contention(f: Facts, cfg: Config) -> Finding | None:
                f"{why}, and its threads wait for each other.")
     elif threads is not None and threads > free + 0.5:
         title = (f"{threads} torch threads but {free:.1f} CPUs free: other processes use {others:.1f} of "
-                 f"{host_cpus} CPUs" + (f", DataLoader workers {workers:.1f}" if workers >= 0.1 else ""))
+                 f"{host_cpus} CPUs" + (f", {children} {workers:.1f}" if workers >= 0.1 else ""))
         fix = (f"Call torch.set_num_threads({want}) (or OMP_NUM_THREADS={want}) so torch's threads fit the free "
                "CPUs; or give the job a host, or CPUs, of its own.")
     else:
         title = f"The trainer waits for a CPU {share:.0%} of the time it wants one"
         fix = ("Other work takes the CPUs the trainer needs"
-               + (f" (other processes {others:.1f} CPUs, DataLoader workers {workers:.1f})" if others or workers
+               + (f" (other processes {others:.1f} CPUs, {children} {workers:.1f})" if others or workers
                   else "") + ": fewer DataLoader workers, fewer threads in the script, or a host of its own.")
     return Finding(
         "cpu-contention", "critical" if share >= cfg.cpu_wait_critical else "warn", title,
