@@ -53,7 +53,7 @@ def test_fires_and_names_the_cause(host, title, fix):
 @pytest.mark.parametrize("children, num_workers, named", [
     (3, 4, "DataLoader workers 0.8"),  # the loader's workers (fewer alive than it may have)
     (1, 0, "child processes 0.8"),  # a rank that Lightning's ddp strategy started, no DataLoader workers
-    (5, 4, "child processes 0.8"),  # the loader's workers and one more
+    (5, 4, "DataLoader workers and other child processes 0.8"),  # and wandb's service, say
 ])
 def test_the_trainers_children_are_called_dataloader_workers_only_where_the_loaders_account_for_them(
         children, num_workers, named):

@@ -649,6 +649,20 @@ def test_the_pure_python_hooks_count_the_same_steps(env, tmp_path, name):
     assert rep["samples_per_s"] == pytest.approx(rep["steps_per_s"] * per_step, rel=0.03)
 
 
+@pytest.mark.parametrize("accel", ["c", "python"])
+def test_an_evaluation_without_no_grad_is_outside_time_with_either_hooks(env, tmp_path, accel):
+    """``model.eval()`` with autograd still on: the C and the Python forward hooks both say the module is in eval
+    mode, so its validation batches are outside time, not the next step's samples (they were: 32 and 288)."""
+    run = tmp_path / "run"
+    res = headless(run, "demos/corpus/eval_without_no_grad.py", "--epochs", "2",
+                   env={**env, "PERFMON_NO_ACCEL": "1"} if accel == "python" else env)
+    assert res.returncode == 0, res.stderr
+    rows = [dict(zip(m["fields"], row, strict=True))
+            for m in events(run) if m.get("type") == "steps" for row in m["rows"]]
+    assert len(rows) == 20 and {r["samples"] for r in rows} == {32}
+    assert report(run, env)["outside_steps"]["evaluation"]["ms"] > 0
+
+
 def test_lbfgs_closure_forward_backward_are_forward_backward(env, tmp_path):
     run = tmp_path / "run"
     res = headless(run, "demos/loops/lbfgs.py", "--steps", "4", env=env)
@@ -848,11 +862,42 @@ def test_a_script_that_execs_itself_keeps_its_steps_and_the_new_programs_exit(en
     plain, res, run = plain_and_headless(EXEC_SCRIPT, "reexec.py", env, tmp_path)
     assert res.returncode == plain.returncode == 3, res.stderr
     assert res.stdout == plain.stdout == "generation 0: 9 steps\ngeneration 1: 9 steps\n"
-    assert "replaced itself with another program" in res.stderr
+    assert "replaces itself with another program" in res.stderr
     rep = report(run, env)
     assert rep["steps"] == 9 and rep["exit_code"] == 3
     exits = [e for e in events(run) if e.get("type") == "event" and e.get("kind") == "exit"]
     assert len(exits) == 1 and exits[0]["recorded_by"] == "monitor"
+
+
+EXEC_FAILS = """
+import os
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def train(n):
+    for _ in range(n):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+train(12)
+with open("bad.sh", "w") as f:
+    f.write("#!/no/such/interpreter\\n")
+os.chmod("bad.sh", 0o755)
+try:  # executable, but the exec fails (its interpreter does not exist)
+    os.execv(os.path.abspath("bad.sh"), ["bad.sh"])
+except OSError as exc:
+    print("exec failed:", exc.errno, flush=True)
+train(8)
+print("trained 20", flush=True)
+"""
+
+
+def test_an_exec_that_fails_leaves_the_script_and_perfmon_going_on(env, tmp_path):
+    plain, res, run = plain_and_headless(EXEC_FAILS, "exec_fails.py", env, tmp_path)
+    assert res.returncode == plain.returncode == 0, res.stderr
+    assert res.stdout == plain.stdout == "exec failed: 2\ntrained 20\n"
+    assert "os.exec* failed" in res.stderr
+    assert report(run, env)["steps"] == 20
 
 
 PRINTS_EVERY_STEP = """

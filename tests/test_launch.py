@@ -54,3 +54,21 @@ def test_a_sigterm_before_the_launcher_is_ready_still_reaches_the_job(tmp_path):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_signals_perfmon_was_started_ignoring_stay_ignored_in_the_job(tmp_path):
+    """A shell's `perfmon train.py &` ignores SIGINT (and a supervisor may ignore SIGTERM): plain python inherits
+    that, so the job does too (perfmon's own handlers, installed before the job started, reset them to default)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "reads.py"
+    script.write_text("import signal\nprint([signal.getsignal(s) == signal.SIG_IGN for s in "
+                      "(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)], flush=True)\n")
+    ignoring = ("import os, signal, sys\n"
+                "for s in (signal.SIGINT, signal.SIGTERM):\n    signal.signal(s, signal.SIG_IGN)\n"
+                "os.execv(sys.executable, [sys.executable, '-m', 'perfmon.cli', *sys.argv[1:]])\n")
+    res = subprocess.run([sys.executable, "-c", ignoring, "--headless", "--run-dir", str(tmp_path / "run"),
+                          str(script)], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[0] == "[True, True, False]"

@@ -116,9 +116,9 @@ def test_loader_cpu_bound_when_workers_saturate():
     assert find(make_state(data=5, model={"loaders": [loader]}, host=host), "loader-cpu-bound") is not None
     idle = {**host, "system_cpu_percent": 30.0, "workers_cpu_percent": 40.0}
     assert find(make_state(data=5, model={"loaders": [loader]}, host=idle), "loader-cpu-bound") is None
-    # a child process beyond the loader's workers (a rank Lightning started) is in their CPU: not theirs to judge
-    ranks_too = {**host, "workers": 5}
-    assert find(make_state(data=5, model={"loaders": [loader]}, host=ranks_too), "loader-cpu-bound") is None
+    # an idle child process beside the workers (wandb's service, multiprocessing's resource tracker) changes nothing
+    beside = {**host, "workers": 5}
+    assert find(make_state(data=5, model={"loaders": [loader]}, host=beside), "loader-cpu-bound") is not None
 
 
 def test_device_underused_from_nvml_or_profile():

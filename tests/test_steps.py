@@ -10,6 +10,7 @@ from perfmon.agent.steps import (
     CLOSURE,
     COPY,
     END,
+    EVALGRAD,
     GRAD,
     NOGRAD,
     OPTIMIZER_CREATED,
@@ -426,6 +427,61 @@ def test_evaluation_inside_an_accumulation_window_is_outside_time_not_the_step()
     assert tracker.outside["evaluation"] == pytest.approx(20 * 0.007)
 
 
+def test_a_checkpoint_after_validation_between_micro_batches_is_outside_checkpoint_time():
+    """Validation lands between two micro-batches, ends with the val loader's exhausted fetch, then a checkpoint
+    (Lightning's ModelCheckpoint): both outside, as between steps; the step is its training's 7 ms."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(3):
+        for micro in range(2):
+            s.phase("data", 1, 8).forward(1).phase("backward", 1)
+            if i == 1 and micro == 0:
+                for _ in range(5):
+                    s.phase("data", 2, 72).nograd_forward(5)
+                s.phase("data", 3, False)
+                s.phase("checkpoint", 50)
+        s.phase("optimizer", 1)
+    steps = s.run(tracker)
+    assert len(steps) == 3 and steps[1].duration == pytest.approx(0.007) and steps[1].samples == 16
+    assert tracker.outside["checkpoint"] == pytest.approx(0.050)
+    assert tracker.outside["evaluation"] == pytest.approx(5 * 0.007 + 0.003)
+
+
+@pytest.mark.parametrize("micro_batches", [1, 4])
+@pytest.mark.parametrize("reference", ["trained model", "copy"])
+def test_a_no_grad_pass_on_each_batch_before_the_training_forward_is_the_steps(micro_batches, reference):
+    """DPO's reference pass (the trained model itself under no_grad, TRL with PEFT) or a momentum copy's (BYOL,
+    MoCo: another instance of the model's class) on each batch, right before the training forward: the step's
+    forward and samples, not an evaluation (the samples were dropped)."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(3):
+        for _ in range(micro_batches):
+            s.phase("data", 1, 8)
+            if reference == "copy":
+                s.forward(2, "ema", kind=COPY)
+            else:
+                s.nograd_forward(2)
+            s.forward(3).phase("backward", 6)
+        s.phase("optimizer", 1)
+    steps = s.run(tracker)
+    assert [r.samples for r in steps] == [8 * micro_batches] * 3
+    assert all(r.phases["forward"] == pytest.approx(0.005 * micro_batches) for r in steps[1:])
+    assert sum(tracker.outside.values()) == pytest.approx(0.0)
+
+
+def test_an_evaluation_after_the_last_backward_of_a_run_that_ends_mid_window_is_outside_time():
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(2):
+        s.phase("data", 1, 8).forward(1).phase("backward", 1).phase("optimizer", 1)
+    s.phase("data", 1, 8).forward(1).phase("backward", 1)
+    for _ in range(4):
+        s.phase("data", 2, 72).nograd_forward(5)
+    assert len(s.run(tracker)) == 2
+    assert tracker.outside["evaluation"] == pytest.approx(4 * 0.007)
+
+
 def test_a_frozen_teachers_forward_in_every_micro_batch_stays_in_the_step():
     s = Seq().mark(OPTIMIZER_CREATED)
     for _ in range(3):
@@ -436,6 +492,46 @@ def test_a_frozen_teachers_forward_in_every_micro_batch_stays_in_the_step():
     steps = s.run(tracker)
     assert len(steps) == 3 and all(r.samples == 16 for r in steps)
     assert all(r.phases["forward"] == pytest.approx(0.010) for r in steps)
+    assert sum(tracker.outside.values()) == 0
+
+
+def test_evaluation_in_eval_mode_without_no_grad_is_outside_time():
+    """``model.eval()`` then the validation batches with grad enabled (no ``torch.no_grad()``): the forwards are
+    an evaluation all the same, not the next step's (it held every validation batch and its samples)."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(6):
+        s.phase("data", 1, 8).forward(2).phase("backward", 3).phase("optimizer", 1)
+        if i == 2:
+            for _ in range(10):
+                s.phase("data", 2, 72).forward(5, kind=EVALGRAD)
+    steps = s.run(tracker)
+    assert len(steps) == 6 and all(r.samples == 8 for r in steps)
+    assert steps[3].duration == pytest.approx(0.007)
+    assert tracker.outside["evaluation"] == pytest.approx(10 * 0.007)
+
+
+def test_a_loop_that_trains_in_eval_mode_is_counted_as_any_loop():
+    """A script that called ``model.eval()`` and forgot ``model.train()`` trains with every forward in eval mode:
+    a backward follows each, so they are the steps' forwards, not evaluations."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(5):
+        s.phase("data", 1, 8).forward(2, kind=EVALGRAD).phase("backward", 3).phase("optimizer", 1)
+    steps = s.run(tracker)
+    assert len(steps) == 5 and all(r.samples == 8 for r in steps)
+    assert all(r.phases["forward"] == pytest.approx(0.002) for r in steps)
+    assert sum(tracker.outside.values()) == 0
+
+
+def test_a_teacher_in_eval_mode_called_with_grad_stays_in_the_step():
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(4):
+        s.phase("data", 1, 8).forward(3, "teacher", kind=EVALGRAD).forward(2, "student").phase("backward", 2)
+        s.phase("optimizer", 1)
+    tracker = StepTracker()
+    steps = s.run(tracker)
+    assert len(steps) == 4 and all(r.phases["forward"] == pytest.approx(0.005) for r in steps)
     assert sum(tracker.outside.values()) == 0
 
 
@@ -682,7 +778,7 @@ def _mixed(seed: int) -> Seq:
     loader = rng.random() < 0.5
     for _ in range(40):
         kind = rng.choice(("steady", "steady", "steady", "eval", "ckpt", "closure", "scaler", "teacher", "accum",
-                           "nosamples", "copy", "accum-eval"))
+                           "nosamples", "copy", "accum-eval", "eval-with-grad", "eval-mode-training"))
         if kind == "steady":
             _steady(s, rng.randint(1, 12), loader)
         elif kind == "eval":
@@ -709,6 +805,13 @@ def _mixed(seed: int) -> Seq:
                     s.phase("data", 1, 8)
                 s.nograd_forward(1)
             s.phase("data", 1, 8).forward(1).phase("backward", 1).phase("optimizer", 1)
+        elif kind == "eval-with-grad":  # model.eval() without torch.no_grad()
+            for _ in range(rng.randint(1, 3)):
+                if loader:
+                    s.phase("data", 1, 8)
+                s.forward(1, kind=EVALGRAD)
+        elif kind == "eval-mode-training":  # it forgot model.train()
+            s.phase("data", 1, 8).forward(1, kind=EVALGRAD).phase("backward", 1).phase("optimizer", 1)
         elif kind == "nosamples":
             s.phase("data", 1, None).forward(1).phase("backward", 1).phase("optimizer", 1)
         else:  # an EMA copy evaluated between steps

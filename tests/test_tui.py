@@ -668,6 +668,11 @@ async def test_a_view_scrolled_up_stays_on_its_lines_once_the_panel_is_full() ->
         await pilot.pause()
         assert log.line_count == OUTPUT_LINES and log.lines[0] == "line 30"
         assert log.lines[int(log.scroll_y)] == "line 4000"
+        # blank lines and a form feed are one line each (Log splits what it is given): the view still stays
+        panel.add_lines(["", "epoch 2", "", "page\fbreak"])
+        await pilot.pause()
+        assert log.lines[-4:] == [" ", "epoch 2", " ", "page break"]
+        assert log.lines[int(log.scroll_y)] == "line 4000"
 
 
 async def test_arrow_keys_scroll_a_long_line_sideways_a_few_columns_at_a_time() -> None:

@@ -743,6 +743,7 @@ def test_host_view_shows_a_cpu_limit_and_torch_threads_only_when_known() -> None
     (4, [{"num_workers": 4}], "4 workers"),
     (1, [{"num_workers": 0}], "1 child process"),  # Lightning's second rank, started by the script
     (2, [], "2 child processes"),
+    (3, [{"num_workers": 2}], "3 workers and others"),
 ])
 def test_the_host_panel_calls_children_workers_only_where_the_loaders_account_for_them(children, loaders, said):
     from rich.style import Style

@@ -51,7 +51,7 @@
 #define TAG_OPTIMIZER 5  /* ("optimizer", id(ptr)) */
 
 static PyObject *s_on_error, *s_hooks, *s_begin, *s_end, *s_finish_discovery, *s_boundary, *s_note_optimizer,
-    *s_wrap_closure, *s_emit, *s_closure, *s_size, *s_values, *s_key, *s_after_count;
+    *s_wrap_closure, *s_emit, *s_closure, *s_size, *s_values, *s_key, *s_after_count, *s_training;
 static PyObject *kw_key;  /* ("key",) */
 static PyObject *phase_names[4];
 static PyObject *codes[8];
@@ -1133,6 +1133,7 @@ static PyTypeObject OptimizerHookType = {
 #define GRAD 0
 #define NOGRAD 1
 #define COPY 2
+#define EVALGRAD 3  /* with grad, the module in eval mode: model.eval() without torch.no_grad() */
 
 typedef struct {
     PyObject_HEAD
@@ -1192,6 +1193,14 @@ static PyObject *Forward_vectorcall(PyObject *op, PyObject *const *args, size_t 
     int is_grad = grad == NULL ? -1 : PyObject_IsTrue(grad);
     Py_XDECREF(grad);
     int kind = GRAD;
+    if (is_grad == 1) {  /* an evaluation that forgot torch.no_grad(): the module's own training flag says so */
+        PyObject *training = PyObject_GetAttr(mod, s_training);
+        if (training == NULL) PyErr_Clear();  /* a module without one: as with grad */
+        else {
+            if (training == Py_False) kind = EVALGRAD;
+            Py_DECREF(training);
+        }
+    }
     if (is_grad == 0) {  /* another instance of the model's class: a copy (EMA) or a sibling */
         PyObject *key = PyLong_FromVoidPtr(mod);
         PyObject *ref = key == NULL ? NULL : PyDict_GetItemWithError(self->roots, key);
@@ -1725,7 +1734,7 @@ PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_finish_discovery, "finish_discovery"); INTERN(s_boundary, "_boundary");
     INTERN(s_note_optimizer, "_note_optimizer");
     INTERN(s_wrap_closure, "wrap_closure"); INTERN(s_closure, "closure"); INTERN(s_emit, "_emit"); INTERN(s_size, "size"); INTERN(s_values, "values");
-    INTERN(s_key, "key"); INTERN(s_after_count, "after_count");
+    INTERN(s_key, "key"); INTERN(s_after_count, "after_count"); INTERN(s_training, "training");
     INTERN(s_index, "index"); INTERN(s_start, "start"); INTERN(s_phases, "phases");
     INTERN(s_samples, "samples"); INTERN(k_data, "data"); INTERN(k_forward, "forward");
     INTERN(k_backward, "backward"); INTERN(k_optimizer, "optimizer");

@@ -102,7 +102,7 @@ def start_agent(target: str, argv: list[str], module: bool = False, rank: Rank |
     exits.install_sigterm(agent, finish_agent)
     exits.install_self_kill(agent, finish_agent)
     exits.install_os_exit(agent, finish_agent)
-    exits.install_exec(agent, finish_agent)
+    exits.install_exec(agent)
     exits.install_own_session(agent)
     own_threads.hide()
     own_frames.hide_wrappers()  # a warning's stacklevel, a caught traceback: as without perfmon's wrappers
@@ -224,9 +224,8 @@ def forget_inherited(agent: Agent) -> None:
     _api.set_agent(None)
 
 
-def finish_agent(agent: Agent | None, exit_info: dict[str, Any] | None) -> None:
-    """Flush, record the exit (None: the job goes on as another program, whose exit the launcher records) and close;
-    safe to call twice."""
+def finish_agent(agent: Agent | None, exit_info: dict[str, Any]) -> None:
+    """Flush, record the exit and close; safe to call twice."""
     if agent is None or getattr(agent, "_finished", False):
         return
     agent._finished = True  # type: ignore[attr-defined]

@@ -106,30 +106,37 @@ def install_os_exit(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -
     os._exit = stand_in(_exit, real_exit)
 
 
-def install_exec(agent: Any, finish: Callable[[Any, dict[str, Any] | None], None]) -> None:
+def install_exec(agent: Any) -> None:
     """``os.execv``/``os.execve`` (and the ``exec*`` functions built on them) replace the job with another program:
     no ``atexit`` runs, and the steps not yet flushed were lost. In the process the agent started in, the steps so far
-    are recorded first, with no exit record (``finish(agent, None)``): the new program's end is the job's, and the
-    launcher, its parent, records it. perfmon does not follow into the new program."""
+    are recorded first, with no exit record (``agent.before_exec()``): the new program's end is the job's, and the
+    launcher, its parent, records it; perfmon does not follow into the new program. An exec that fails (a bad
+    ``#!`` line) leaves the script, and perfmon, going on (``agent.exec_failed``)."""
     real_execv, real_execve = original(os.execv), original(os.execve)
 
-    def leave(path: Any, argv: Any) -> None:
-        if os.getpid() != agent.pid:  # a forked child execs (fork + exec): the job goes on
-            return
-        if not _can_exec(path, argv):  # it will raise, and the script goes on (os.execvp tries each PATH entry)
-            return
-        try:
-            finish(agent, None)
-        except BaseException:  # noqa: BLE001, S110 - the script asked to become another program: nothing may stop it
-            pass
+    def leave(path: Any, argv: Any) -> bool:
+        if os.getpid() != agent.pid or not _can_exec(path, argv):  # a forked child's exec (fork + exec), or one
+            return False  # bound to fail (os.execvp tries each PATH entry): the job goes on
+        agent.before_exec()
+        return True
 
     def execv(path: Any, argv: Any, /) -> NoReturn:
-        leave(path, argv)
-        real_execv(path, argv)
+        left = leave(path, argv)
+        try:
+            real_execv(path, argv)
+        except BaseException as exc:
+            if left:
+                agent.exec_failed(exc)
+            raise
 
     def execve(path: Any, argv: Any, env: Any) -> NoReturn:
-        leave(path, argv)
-        real_execve(path, argv, env)
+        left = leave(path, argv)
+        try:
+            real_execve(path, argv, env)
+        except BaseException as exc:
+            if left:
+                agent.exec_failed(exc)
+            raise
 
     os.execv = stand_in(execv, real_execv)
     os.execve = stand_in(execve, real_execve)

@@ -44,6 +44,7 @@ from perfmon.agent.steps import (
     COPY,
     END,
     END_BOUNDARY,
+    EVALGRAD,
     GRAD,
     NOGRAD,
     OPTIMIZER_CREATED,
@@ -899,7 +900,8 @@ class Instrumentation:
                         inst._module_depth -= 1
                 # A top-level module call: time it as the root's wrapper will time later ones.
                 key = id(mod)
-                kind = GRAD if torch.is_grad_enabled() else NOGRAD
+                kind = (EVALGRAD if getattr(mod, "training", True) is False else GRAD) if torch.is_grad_enabled() \
+                    else NOGRAD
                 if key not in inst._root_refs:
                     inst._candidates.setdefault(key, mod)
                     inst._top_calls += 1
@@ -981,8 +983,8 @@ class Instrumentation:
                 if bounds.in_root or bounds.in_data or bounds.in_backward or bounds.train_thread != get_ident():
                     return orig(mod, *args, **kwargs)
                 key = id(mod)
-                if grad_enabled():
-                    kind = GRAD
+                if grad_enabled():  # in eval mode: an evaluation that forgot torch.no_grad()
+                    kind = EVALGRAD if getattr(mod, "training", True) is False else GRAD
                 else:  # another instance of the model's class: a copy (EMA) or a sibling
                     ref = roots.get(key)
                     kind = NOGRAD if ref is not None and ref() is mod else COPY

@@ -61,7 +61,7 @@ THREAD_RETURNS = 3
 SIDE_BY_SIDE = ("backward runs on several threads in turn: training loops side by side in threads are one loop to "
                 "perfmon, so their step count and phases mix them up (run each loop in a process of its own, e.g. "
                 "multiprocessing or torchrun, to have each counted)")
-EXECED = ("the script replaced itself with another program (os.exec*): its steps so far are recorded; perfmon does "
+EXECED = ("the script replaces itself with another program (os.exec*): its steps so far are recorded; perfmon does "
           "not follow the new program, whose exit is the job's")
 
 
@@ -220,9 +220,9 @@ class Agent:
         if self.server is not None:
             self.server.forget_in_child()
 
-    def finish(self, exit_info: dict[str, Any] | None) -> None:
+    def finish(self, exit_info: dict[str, Any]) -> None:
         """Flush everything, record the exit, have summary.json written outside the job (:meth:`write_summary`), close
-        the socket. ``exit_info`` None: the script replaced itself (``os.exec*``); no exit is recorded here."""
+        the socket."""
         if self.commands is not None:
             self.commands.finish()
         self.enabled = False
@@ -259,12 +259,8 @@ class Agent:
         except Exception as exc:  # noqa: BLE001
             self.record_error("publisher", exc)
         self._publish_errors()
-        if exit_info is None:  # os.exec*: the process goes on as another program; its end is recorded by the launcher
-            self.publish(protocol.message("event", kind="warning", message=EXECED, t=time.time()))
-        else:
-            self.publish(protocol.message("event", kind="exit", t=time.time(), **exit_info,
-                                          agent_errors=self.errors))
-            self.write_summary()
+        self.publish(protocol.message("event", kind="exit", t=time.time(), **exit_info, agent_errors=self.errors))
+        self.write_summary()
         if self.server is not None:
             self.server.close()
         self.recorder.close()
@@ -272,6 +268,31 @@ class Agent:
             paths.discovery_path(self.pid).unlink(missing_ok=True)
         except Exception:  # noqa: BLE001
             pass
+
+    def before_exec(self) -> None:
+        """The script is about to replace itself (``os.exec*``): record its steps so far and say so. The agent
+        stays as it is: an exec that fails leaves it following the script (:meth:`exec_failed`); one that succeeds
+        ends its threads and closes its descriptors (close-on-exec), and the launcher records the new program's
+        exit. Never raises."""
+        try:
+            if self._flush_lock.acquire(timeout=STALL_S):
+                try:
+                    self._flush(final=True)
+                finally:
+                    self._flush_lock.release()
+            self._publish_errors()
+            self.publish(protocol.message("event", kind="warning", message=EXECED, t=time.time()))
+            paths.discovery_path(self.pid).unlink(missing_ok=True)  # `perfmon ls`: this agent is gone with it
+        except Exception as exc:  # noqa: BLE001 - the exec goes on whatever happens here
+            self.record_error("exec", exc)
+
+    def exec_failed(self, exc: BaseException) -> None:
+        """The exec raised: the script goes on, and so does perfmon. Never raises."""
+        try:
+            self.warn(f"the script's os.exec* failed ({type(exc).__name__}: {exc}): it goes on, and perfmon with it")
+            self._write_discovery()
+        except Exception as err:  # noqa: BLE001
+            self.record_error("exec", err)
 
     def _join_publisher(self) -> None:
         """Wait for the publisher to finish what it holds, however long that takes on a loaded machine:

@@ -58,8 +58,9 @@ NO_MARKS: Mapping[str, list[tuple[Any, Any]]] = MappingProxyType({})
 #: The fast path's STEADY steps in C (``_hot.SteadyStep``s, which read as StepRecords), where built.
 _steady_steps = HOT.steady_steps if HOT is not None else None
 
-#: Forward kinds in a ("forward", key, kind) BEGIN arg.
-GRAD, NOGRAD, COPY = 0, 1, 2
+#: Forward kinds in a ("forward", key, kind) BEGIN arg. EVALGRAD: with grad, the module in eval mode
+#: (``model.eval()`` without ``torch.no_grad()``): an evaluation, unless a backward follows it.
+GRAD, NOGRAD, COPY, EVALGRAD = 0, 1, 2, 3
 
 
 def expand_steady(event: tuple[int, float, Any, Any]) -> list[tuple[int, float, Any, Any]]:
@@ -108,7 +109,7 @@ class Boundaries(HotState):
                 commit = True
                 self.loader_loop = self.loader_loop or phase == "data"
             elif phase == "forward":
-                if not self.optimizers_seen or key not in (GRAD, None):
+                if not self.optimizers_seen or key not in (GRAD, EVALGRAD, None):
                     commit = True  # manual updates, or a no-grad forward after the step: evaluation
                 else:  # a loop that fetches from a DataLoader begins its iterations there
                     commit = not self.loader_loop and self.cycle is not None and self.stepped >= self.cycle
@@ -221,18 +222,47 @@ class _Part:
 class _Segment:
     """A top-level data fetch, forward or checkpoint seen before this step's training work began."""
 
-    __slots__ = ("kind", "key", "copy", "begin", "end", "samples", "mark", "end_mark", "exhausted")
+    __slots__ = ("kind", "key", "copy", "evalgrad", "begin", "end", "samples", "mark", "end_mark", "exhausted")
 
-    def __init__(self, kind: str, key: Any, copy: bool, begin: float, mark: Any) -> None:
+    def __init__(self, kind: str, key: Any, forward_kind: int, begin: float, mark: Any) -> None:
         self.kind = kind
         self.key = key
-        self.copy = copy
+        self.copy = forward_kind == COPY
+        self.evalgrad = forward_kind == EVALGRAD  # with grad in eval mode: evaluation unless a backward follows
         self.begin = begin
         self.end = begin
         self.samples = 0
         self.mark = mark
         self.end_mark: Any = None
         self.exhausted = False  # a fetch that raised (the loader's StopIteration at an epoch's end)
+
+
+def _evaluates(seg: _Segment, trained: set[Any], backward_next: bool) -> bool:
+    """``seg`` is an evaluation forward: a no-grad call of a trained module or of a copy of it, or one with grad in
+    eval mode (``model.eval()`` without ``torch.no_grad()``) unless a backward comes next (a loop that trains in eval
+    mode: it forgot ``model.train()``)."""
+    return (seg.kind == "forward" and (seg.copy or seg.key in trained)
+            and not (seg.evalgrad and backward_next))
+
+
+def _step_begins(segs: list[_Segment], last_eval: int) -> int:
+    """Where the step's own work begins among ``segs`` (held before training work came), ``last_eval`` the last
+    evaluation forward among them (-1: none): at the fetches after it, the last run of them (several loaders
+    zipped); with none after it, at the fetch right before the no-grad passes it ends, which ran on that batch (a
+    reference pass of the trained model, DPO's; a target network); else after it (no-grad forwards of modules
+    never trained, teachers, stay in)."""
+    data = [i for i in range(last_eval + 1, len(segs)) if segs[i].kind == "data"]
+    floor = last_eval
+    if not data and last_eval >= 0:
+        before = [i for i in range(last_eval) if segs[i].kind == "data"]
+        if before and all(segs[i].kind == "forward" for i in range(before[-1] + 1, last_eval + 1)):
+            data, floor = before, max((i for i in range(before[-1]) if segs[i].kind != "data"), default=-1)
+    if not data:
+        return last_eval + 1
+    start = data[-1]
+    while start - 1 > floor and segs[start - 1].kind == "data":
+        start -= 1  # several loaders fetched together (a zip of two DataLoaders)
+    return start
 
 
 def _absorb(part: _Part, segs: list[_Segment]) -> None:
@@ -409,11 +439,11 @@ class StepTracker:
                 if not (self._training or self.explicit):
                     if phase == "backward" or phase == "optimizer" or (phase == "forward" and kind == GRAD):
                         if self._resume_from is None:
-                            self._start_training(t, part)
+                            self._start_training(t, part, phase != "forward")
                         else:
-                            self._resume_training(t, part)
+                            self._resume_training(t, part, phase != "forward")
                     else:
-                        self._segments.append(_Segment(phase, key, kind == COPY, t, mark))
+                        self._segments.append(_Segment(phase, key, kind, t, mark))
             stack.append((phase, mark))
             self._since = t
             return None
@@ -442,7 +472,10 @@ class StepTracker:
     def finish(self) -> StepRecord | None:
         """The job ended: a step whose optimizer (or manual backward) ran is complete."""
         rec = self._commit()
-        if self._resume_from is not None:  # ended inside a step that never stepped: nothing of it is recorded
+        if self._resume_from is not None:  # ended inside a step that never stepped: that step is not recorded,
+            segs = self._segments  # but an evaluation after its last backward is outside time, as anywhere
+            if any(_evaluates(seg, self._trained, False) for seg in segs):
+                self.outside["evaluation"] += max(0.0, self._last_t - self._resume_from)
             self._resume_from, self._segments = None, []
         if self._part is not None and not self._training and self._segments:
             self._settle_outside(self._last_t, len(self._segments))
@@ -494,9 +527,11 @@ class StepTracker:
             self._part = _Part(t, mark)
         return self._part
 
-    def _start_training(self, t: float, part: _Part) -> None:
-        """Training work began: decide where this step started and what before it was outside."""
+    def _start_training(self, t: float, part: _Part, backward_next: bool = False) -> None:
+        """Training work began (``backward_next``: a backward or an optimizer step, not a forward): decide where this
+        step started and what before it was outside."""
         segs = self._segments
+        self._train_forwards(segs, backward_next)
         if not segs:  # nothing before the training work (the common case): the step began with it
             self._training = True
             return
@@ -507,15 +542,8 @@ class StepTracker:
             self._training = True
             return
         trained = self._trained
-        last_eval = max((i for i, s in enumerate(segs)
-                         if s.kind == "forward" and (s.copy or s.key in trained)), default=-1)
-        data = [i for i in range(last_eval + 1, len(segs)) if segs[i].kind == "data"]
-        if data:
-            start = data[-1]
-            while start - 1 > last_eval and segs[start - 1].kind == "data":
-                start -= 1  # several loaders fetched together (a zip of two DataLoaders)
-        else:
-            start = last_eval + 1  # no-grad forwards of never-trained modules (teachers) stay in
+        last_eval = max((i for i, s in enumerate(segs) if _evaluates(s, trained, backward_next)), default=-1)
+        start = _step_begins(segs, last_eval)
         saved = start
         while start < len(segs) and segs[start].kind == CHECKPOINT:
             start += 1  # a torch.save before the iteration's first fetch or forward: outside, as between steps
@@ -530,7 +558,12 @@ class StepTracker:
         self._segments = []
         self._training = True
 
-    def _resume_training(self, t: float, part: _Part) -> None:
+    def _train_forwards(self, segs: list[_Segment], backward_next: bool) -> None:
+        """With a backward next, forwards with grad in eval mode are the training's: their modules are trained."""
+        if backward_next:
+            self._trained.update(s.key for s in segs if s.evalgrad and s.key is not None)
+
+    def _resume_training(self, t: float, part: _Part, backward_next: bool = False) -> None:
         """Training work came back in a step that held what followed its last backward: evaluation forwards in there
         (a no-grad call of a trained model or a copy of it) and the fetches for them are outside the step, from that
         backward's end to the fetches of the next micro-batch; the rest (the next micro-batch's fetch, a frozen
@@ -538,16 +571,13 @@ class StepTracker:
         segs, since = self._segments, self._resume_from
         assert since is not None
         self._resume_from, self._segments, self._training = None, [], True
+        self._train_forwards(segs, backward_next)
         trained = self._trained
-        last_eval = max((i for i, s in enumerate(segs)
-                         if s.kind == "forward" and (s.copy or s.key in trained)), default=-1)
-        if last_eval < 0:  # the next micro-batch's fetch (the common case)
+        last_eval = max((i for i, s in enumerate(segs) if _evaluates(s, trained, backward_next)), default=-1)
+        start = _step_begins(segs, last_eval)
+        if start == 0:  # the next micro-batch's fetch (the common case), or its reference pass
             _absorb(part, segs)
             return
-        start = last_eval + 1
-        data = [i for i in range(start, len(segs)) if segs[i].kind == "data"]
-        if data:
-            start = data[0]  # the next micro-batch's fetch(es)
         until = segs[start].begin if start < len(segs) else t
         total = max(0.0, until - since)
         ckpt = min(total, sum(s.end - s.begin for s in segs[:start] if s.kind == CHECKPOINT))

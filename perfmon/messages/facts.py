@@ -79,11 +79,19 @@ CONVERT["tuple[OptimizerFlags, ...]"] = lambda v: records(OptimizerFlags, v)
 CONVERT["tuple[LoaderSettings, ...]"] = lambda v: records(LoaderSettings, v)
 
 
+#: :func:`children_name`'s answers
+LOADER_WORKERS, CHILDREN, WORKERS_AND_CHILDREN = ("DataLoader workers", "child processes",
+                                                  "DataLoader workers and other child processes")
+
+
 def children_name(children: int | None, loaders: tuple[LoaderSettings, ...]) -> str:
     """What the trainer's child processes are, in words: "DataLoader workers" where the loaders' workers account for
-    all of them, else "child processes" (ranks a framework started, a script's own subprocesses)."""
+    all of them; "child processes" where no loader has workers (a rank a framework started, a script's own
+    subprocess); else both (wandb's service or multiprocessing's resource tracker beside the workers)."""
     workers = sum(loader.num_workers or 0 for loader in loaders)  # a validation loader's may be alive too
-    return "DataLoader workers" if children and workers and children <= workers else "child processes"
+    if not workers:
+        return CHILDREN
+    return LOADER_WORKERS if not children or children <= workers else WORKERS_AND_CHILDREN
 
 
 def training_loader(loaders: tuple[LoaderSettings, ...]) -> LoaderSettings | None:

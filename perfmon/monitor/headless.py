@@ -172,9 +172,10 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
                 return _follow_spawned(proc, state, lock, follower, source, interval, err, rules, tail, exports,
                                        job_dir)
             tail.pump()
-            if (broken := tail.broken_streams()) != closed:  # `| head` left: the script's next print fails, as
-                closed = broken  # under plain python (it would have ended training unseen)
-                source.send(Command("close_output", streams=broken))
+            # `| head` left: the script's next print fails, as under plain python (it trained on unseen); said
+            # again at the next turn where the monitor was not connected yet
+            if (broken := tail.broken_streams()) != closed and source.send(Command("close_output", streams=broken)):
+                closed = broken
             if time.monotonic() >= next_rules:
                 with lock:
                     new = engine.update(state)

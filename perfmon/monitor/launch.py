@@ -342,8 +342,10 @@ class TrainingProcess:
         """From just before the job starts until :func:`signals_to` takes over, the signals it passes on reach the
         job too: perfmon dying of a SIGTERM there left the job, in a session of its own, training unseen."""
         try:
-            before = {s: signal.getsignal(s) for s in HANDLED}
-            for s in HANDLED:
+            # one perfmon was started ignoring (a shell's `&` ignores SIGINT) stays ignored: the job inherits that,
+            # as plain python would (a handled signal is reset to its default in the exec'd job)
+            before = {s: h for s in HANDLED if (h := signal.getsignal(s)) is not signal.SIG_IGN}
+            for s in before:
                 signal.signal(s, self._early_signal)
         except ValueError:  # not the main thread: python allows no handler here
             return
@@ -431,7 +433,8 @@ def signals_to(proc: TrainingProcess) -> Iterator[None]:
     as they are, and Ctrl-Z suspends the job with perfmon (``fg`` or ``bg`` resumes both), as it would suspend
     plain python. The previous handlers (those before the job started) come back after."""
     handlers = _handlers(proc)
-    previous = proc.handlers_before or {s: signal.getsignal(s) for s in handlers}
+    held = proc.handlers_before or {}
+    previous = {s: held.get(s, signal.getsignal(s)) for s in handlers}
     for s, handler in handlers.items():
         signal.signal(s, handler)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
 from perfmon.analysis.rules.host_cpu import other_processes_cpus
-from perfmon.messages import LoaderSettings, as_sent, children_name, training_loader
+from perfmon.messages import LoaderSettings, as_sent, training_loader
 
 
 def _loader(f: Facts) -> LoaderSettings | None:
@@ -80,8 +80,6 @@ def loader_cpu_bound(f: Facts, cfg: Config) -> Finding | None:
     host = f.host
     if share <= cfg.data_warn or not loader or not loader.num_workers:
         return None
-    if children_name(host.workers, f.model.loaders) != "DataLoader workers":
-        return None  # other children (ranks a framework started) in the workers' CPU: it is not theirs to judge
     nw = loader.num_workers
     cpus = host.cpu_count or 1
     workers_cpu = host.workers_cpu_percent or 0.0

@@ -12,6 +12,7 @@ from textual.reactive import reactive
 
 from perfmon.analysis.state import RunState
 from perfmon.messages import HostSample, children_name
+from perfmon.messages.facts import CHILDREN, LOADER_WORKERS
 from perfmon.tui.widgets import fmt
 from perfmon.tui.widgets.charts import LABEL_W, SPANS, span_words, spark, stacked_bar
 from perfmon.tui.widgets.fmt import Num, number
@@ -26,7 +27,7 @@ class HostInfo:
     series: tuple[float, ...]
     span: str
     peak_rss: Num
-    children: str = "DataLoader workers"  # what the trainer's child processes are (messages.children_name)
+    children: str = LOADER_WORKERS  # what the trainer's child processes are (messages.children_name)
 
     @classmethod
     def from_state(cls, state: RunState, span_index: int = 0) -> HostInfo | None:
@@ -80,8 +81,8 @@ class HostView:
         workers = h.workers
         loader = Text(" " * LABEL_W, no_wrap=True, overflow="ellipsis")
         if workers:
-            name = "workers" if info.children == "DataLoader workers" else "child " + (
-                "process" if workers == 1 else "processes")  # a rank a framework started is no DataLoader's
+            name = {LOADER_WORKERS: "workers", CHILDREN: "child process" if workers == 1 else "child processes"}.get(
+                info.children, "workers and others")  # a rank a framework started is no DataLoader's
             loader.append(f"{workers:.0f} {name} ", st["label"])
             loader.append(fmt.nbytes(h.workers_rss_bytes), st["value"])
             loader.append(" · CPU ", st["label"]).append(fmt.pct(h.workers_cpu_percent), st["value"])

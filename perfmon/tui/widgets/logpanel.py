@@ -23,6 +23,16 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
 _LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d+(\.\d+)?[/\\]|^<")
 
 
+#: What str.splitlines() breaks a line at besides \n and \r (Log.write_lines splits each line it is given).
+_LINE_BREAKS = str.maketrans({c: " " for c in "\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def one_line(line: str) -> str:
+    """``line`` as exactly one line of the Log: an empty one stays (a blank line of the script's output vanished),
+    one with a form feed or another break ``splitlines`` knows is not split."""
+    return line.translate(_LINE_BREAKS) or " "
+
+
 def clean_line(line: str) -> str:
     """What a terminal would show: no colour codes, only the text after the last carriage return."""
     line = _ANSI.sub("", line.rstrip("\r"))
@@ -108,7 +118,7 @@ class LogPanel(Vertical):
         # Within a line of the end: the horizontal scrollbar a first long line brings takes a line of the view,
         # which moves the end one line further (Log's own check then stopped following for good)
         self.following = log.max_scroll_y - log.scroll_y <= 1
-        new = [clean_line(line) for line in lines]
+        new = [one_line(clean_line(line)) for line in lines]  # one Log line each: the count below is exact
         before = log.line_count
         log.write_lines(new, scroll_end=False)
         if self.following:
