@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from perfmon.agent.steps import (
@@ -406,19 +408,23 @@ def test_evaluation_between_steps_is_outside_time_not_the_next_step():
     assert tracker.outside["evaluation"] == pytest.approx(20 * 0.007 + 0.0005)
 
 
-def test_evaluation_inside_an_accumulation_window_is_outside_time_not_the_step():
-    """Validation every N micro-batches (Lightning's val_check_interval) lands between two micro-batches of one
-    step: its fetches and no-grad forwards are outside time, not the step's samples, phases or duration."""
-    tracker = StepTracker()
+def _validated_mid_window(validation: Callable[[Seq], object]) -> Seq:
+    """Three steps of two micro-batches (8 samples, 1 ms per phase); ``validation`` runs after step 2's first."""
     s = Seq().mark(OPTIMIZER_CREATED)
     for i in range(3):
         for micro in range(2):
             s.phase("data", 1, 8).forward(1).phase("backward", 1)
             if i == 1 and micro == 0:
-                for _ in range(20):
-                    s.phase("data", 2, 72).nograd_forward(5)
+                validation(s)
         s.phase("optimizer", 1)
-    steps = s.run(tracker)
+    return s
+
+
+def test_evaluation_inside_an_accumulation_window_is_outside_time_not_the_step():
+    """Validation every N micro-batches (Lightning's val_check_interval) lands between two micro-batches of one
+    step: its fetches and no-grad forwards are outside time, not the step's samples, phases or duration."""
+    tracker = StepTracker()
+    steps = _validated_mid_window(lambda s: [s.phase("data", 2, 72).nograd_forward(5) for _ in range(20)]).run(tracker)
     assert len(steps) == 3
     assert [r.samples for r in steps] == [16, 16, 16]
     inside = steps[1]
@@ -430,18 +436,13 @@ def test_evaluation_inside_an_accumulation_window_is_outside_time_not_the_step()
 def test_a_checkpoint_after_validation_between_micro_batches_is_outside_checkpoint_time():
     """Validation lands between two micro-batches, ends with the val loader's exhausted fetch, then a checkpoint
     (Lightning's ModelCheckpoint): both outside, as between steps; the step is its training's 7 ms."""
+    def validate_then_save(s: Seq) -> None:
+        for _ in range(5):
+            s.phase("data", 2, 72).nograd_forward(5)
+        s.phase("data", 3, False).phase("checkpoint", 50)
+
     tracker = StepTracker()
-    s = Seq().mark(OPTIMIZER_CREATED)
-    for i in range(3):
-        for micro in range(2):
-            s.phase("data", 1, 8).forward(1).phase("backward", 1)
-            if i == 1 and micro == 0:
-                for _ in range(5):
-                    s.phase("data", 2, 72).nograd_forward(5)
-                s.phase("data", 3, False)
-                s.phase("checkpoint", 50)
-        s.phase("optimizer", 1)
-    steps = s.run(tracker)
+    steps = _validated_mid_window(validate_then_save).run(tracker)
     assert len(steps) == 3 and steps[1].duration == pytest.approx(0.007) and steps[1].samples == 16
     assert tracker.outside["checkpoint"] == pytest.approx(0.050)
     assert tracker.outside["evaluation"] == pytest.approx(5 * 0.007 + 0.003)

@@ -52,6 +52,13 @@ from perfmon.agent.steps import (
     Boundaries,
 )
 
+
+def grad_kind(mod: Any) -> int:
+    """The kind of a forward with grad enabled: EVALGRAD for a module in eval mode (an evaluation that forgot
+    ``torch.no_grad()``), else GRAD. The C hot path's ``Forward`` decides the same."""
+    return EVALGRAD if getattr(mod, "training", True) is False else GRAD
+
+
 Emit = Callable[[int, Any], None]
 
 #: Stop looking for roots after this many top-level module calls with no step (inference loops).
@@ -900,8 +907,7 @@ class Instrumentation:
                         inst._module_depth -= 1
                 # A top-level module call: time it as the root's wrapper will time later ones.
                 key = id(mod)
-                kind = (EVALGRAD if getattr(mod, "training", True) is False else GRAD) if torch.is_grad_enabled() \
-                    else NOGRAD
+                kind = grad_kind(mod) if torch.is_grad_enabled() else NOGRAD
                 if key not in inst._root_refs:
                     inst._candidates.setdefault(key, mod)
                     inst._top_calls += 1
@@ -983,8 +989,8 @@ class Instrumentation:
                 if bounds.in_root or bounds.in_data or bounds.in_backward or bounds.train_thread != get_ident():
                     return orig(mod, *args, **kwargs)
                 key = id(mod)
-                if grad_enabled():  # in eval mode: an evaluation that forgot torch.no_grad()
-                    kind = EVALGRAD if getattr(mod, "training", True) is False else GRAD
+                if grad_enabled():
+                    kind = grad_kind(mod)
                 else:  # another instance of the model's class: a copy (EMA) or a sibling
                     ref = roots.get(key)
                     kind = NOGRAD if ref is not None and ref() is mod else COPY

@@ -239,16 +239,7 @@ class Agent:
                 self.meta["cuda"] = False
                 self.record_error("cuda", exc)
             self.publish(protocol.message("hello", **self.meta))
-        try:
-            if self._flush_lock.acquire(timeout=STALL_S):
-                try:
-                    self._flush(final=True)
-                finally:
-                    self._flush_lock.release()
-            else:
-                self.record_error("publisher", TimeoutError(f"publisher stuck for {STALL_S:.0f} s at exit"))
-        except Exception as exc:  # noqa: BLE001 - still record the exit
-            self.record_error("publisher", exc)
+        self._flush_all()
         try:
             self._read_feed()  # the readings of the last tick
         except Exception as exc:  # noqa: BLE001
@@ -274,17 +265,27 @@ class Agent:
         stays as it is: an exec that fails leaves it following the script (:meth:`exec_failed`); one that succeeds
         ends its threads and closes its descriptors (close-on-exec), and the launcher records the new program's
         exit. Never raises."""
+        self._flush_all()
+        try:
+            self._publish_errors()
+            self.publish(protocol.message("event", kind="warning", message=EXECED, t=time.time()))
+            paths.discovery_path(self.pid).unlink(missing_ok=True)  # `perfmon ls`: this agent is gone with it
+        except Exception as exc:  # noqa: BLE001 - the exec goes on whatever happens here
+            self.record_error("exec", exc)
+
+    def _flush_all(self) -> None:
+        """Every step so far to the recording (the last one too, if its optimizer ran), from the caller's thread,
+        once the publisher lets go of what it holds. Never raises."""
         try:
             if self._flush_lock.acquire(timeout=STALL_S):
                 try:
                     self._flush(final=True)
                 finally:
                     self._flush_lock.release()
-            self._publish_errors()
-            self.publish(protocol.message("event", kind="warning", message=EXECED, t=time.time()))
-            paths.discovery_path(self.pid).unlink(missing_ok=True)  # `perfmon ls`: this agent is gone with it
-        except Exception as exc:  # noqa: BLE001 - the exec goes on whatever happens here
-            self.record_error("exec", exc)
+            else:
+                self.record_error("publisher", TimeoutError(f"publisher stuck for {STALL_S:.0f} s"))
+        except Exception as exc:  # noqa: BLE001 - the exit (or the exec) is recorded whatever happens here
+            self.record_error("publisher", exc)
 
     def exec_failed(self, exc: BaseException) -> None:
         """The exec raised: the script goes on, and so does perfmon. Never raises."""
