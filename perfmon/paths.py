@@ -55,6 +55,13 @@ def _unsafe(path: Path, st: os.stat_result) -> str | None:
 SOCKET_PATH_MAX = 107
 
 
+def socket_fits(directory: Path) -> int | None:
+    """None where every socket perfmon makes in ``directory`` fits a Unix socket's path; else how long the longest
+    would be, in bytes."""
+    longest = len(os.fsencode(directory / f"{'9' * 7}.sock"))  # pids go up to 2**22: seven digits
+    return None if longest <= SOCKET_PATH_MAX else longest
+
+
 def runtime_dir(create: bool = True) -> Path:
     """Per-user dir for sockets and discovery files, mode 0700, owned by us.
 
@@ -63,8 +70,8 @@ def runtime_dir(create: bool = True) -> Path:
     at all. A dir of ours that others can only read is tightened to 0700.
     """
     path = configured_runtime_dir()
-    longest = len(os.fsencode(path / f"{'9' * 7}.sock"))  # pids go up to 2**22: seven digits
-    if longest > SOCKET_PATH_MAX:
+    longest = socket_fits(path)
+    if longest is not None:
         raise RuntimeDirError(path, f"is too long for a socket's path ({longest} bytes with the socket's name; "
                                     f"at most {SOCKET_PATH_MAX})", fix="set PERFMON_RUNTIME_DIR to a private dir with a shorter path")
     if create:

@@ -52,6 +52,7 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
     "cleanrl_dqn": ("cleanrl_dqn.py", [], False),
     "accumulate_validate": ("accumulate_validate.py", ["--batches", "24"], False),
     "eval_without_no_grad": ("eval_without_no_grad.py", [], False),
+    "eval_without_no_grad_criterion": ("eval_without_no_grad.py", ["--criterion"], False),
 }
 
 
@@ -194,7 +195,7 @@ def test_case_expectations(pair):
         probe = [r for r in rows if r["i"] > truth["pretrain_steps"] + 1]  # its first forward ran before it was seen
         assert len(probe) == truth["steps"] - truth["pretrain_steps"] - 1
         assert all(r["forward_ms"] > 0 for r in probe), [r["forward_ms"] for r in probe]
-    elif pair.name in ("accumulate_validate", "eval_without_no_grad"):  # validation: outside time, not the step's
+    elif pair.name.startswith(("accumulate_validate", "eval_without_no_grad")):  # validation: outside, not the step's
         rows = [dict(zip(m["fields"], row, strict=True))
                 for m in events(pair.run) if m.get("type") == "steps" for row in m["rows"]]
         assert [r["samples"] for r in rows] == [truth["samples_per_step"]] * truth["steps"], rows

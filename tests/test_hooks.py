@@ -134,6 +134,34 @@ def test_discovery_finds_teacher_and_skips_dataset_transforms_and_long_evaluatio
     assert rec.steps() == 5
 
 
+def test_a_loss_module_is_no_root_and_a_model_behind_a_parameter_free_wrapper_is(hooks):
+    """A loss module (no parameters) is *other*, as a functional loss: it is no root, so its forward with grad in an
+    evaluation that forgot ``no_grad`` starts no step, and a loop with one keeps the steady shape (one forward a
+    step). A parameter-free module that calls a model it did not register is looked through: the model is found."""
+    inst, rec = hooks
+
+    class Through(nn.Module):  # holds the model outside its parameters: not a submodule
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.__dict__["inner"] = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x)
+
+    model, criterion = mlp(), nn.MSELoss()
+    through = Through(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = criterion(through(torch.randn(2, 4)), torch.zeros(2, 1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert inst.roots == [model]
+    keys = {a[1] for a in rec.forwards()}
+    assert keys == {id(model)}, "one forward a step: the model's, neither the loss's nor the wrapper's"
+    assert rec.steps() == 3
+
+
 def test_optimizer_built_before_instrumentation_is_found_and_steps_are_exact():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)  # before the hooks exist (instrument() late)

@@ -213,6 +213,23 @@ def test_launcher_gives_the_job_a_private_dir_and_removes_it(base, tmp_path, mon
     assert list((base / "target").iterdir()) == []
 
 
+def test_a_tmpdir_too_long_for_a_socket_gives_a_private_dir_under_tmp(base, tmp_path, monkeypatch):
+    """The private dir was made under $TMPDIR whatever its length: with a long one the job's socket could not be
+    made, and the monitor lost the live view."""
+    long_tmp = _too_long(base)
+    long_tmp.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(long_tmp))  # as $TMPDIR would (tempfile reads it once)
+    monkeypatch.setenv("PERFMON_RUNTIME_DIR", str(_symlink(base)))
+    script = tmp_path / "job.py"
+    script.write_text("print('hi')\n")
+    monkeypatch.chdir(ROOT)
+    proc = TrainingProcess(Target(str(script), None), tmp_path / "run").start()
+    private = proc.runtime_dir
+    assert private is not None and private.parent == Path("/tmp") and paths.socket_fits(private) is None
+    assert proc.wait() == 0
+    assert not private.exists() and list(long_tmp.iterdir()) == []  # the one too long was removed at once
+
+
 # -- end to end -------------------------------------------------------------------------------
 def _steps_recorded(run: Path) -> int:
     n = 0

@@ -59,6 +59,15 @@ def grad_kind(mod: Any) -> int:
     return EVALGRAD if getattr(mod, "training", True) is False else GRAD
 
 
+def holds_parameters(mod: Any) -> bool:
+    """``mod`` (or a submodule) has a parameter: a model. A loss module (``nn.CrossEntropyLoss()``) or a
+    parameter-free transform has none, and is no root: its calls are *other* time, as a functional loss's are."""
+    try:
+        return next(iter(mod.parameters()), None) is not None
+    except Exception:  # noqa: BLE001 - a module whose parameters() fails: time it as before
+        return True
+
+
 Emit = Callable[[int, Any], None]
 
 #: Stop looking for roots after this many top-level module calls with no step (inference loops).
@@ -905,8 +914,12 @@ class Instrumentation:
                         return call(mod, *args, **kwargs)
                     finally:
                         inst._module_depth -= 1
-                # A top-level module call: time it as the root's wrapper will time later ones.
                 key = id(mod)
+                if key not in inst._candidates and key not in inst._root_refs and not holds_parameters(mod):
+                    # a loss module, or a parameter-free wrapper: not the model. Whatever it calls is still top
+                    # level: a model held outside its parameters (an attribute it did not register) is found
+                    return call(mod, *args, **kwargs)
+                # A top-level module call: time it as the root's wrapper will time later ones.
                 kind = grad_kind(mod) if torch.is_grad_enabled() else NOGRAD
                 if key not in inst._root_refs:
                     inst._candidates.setdefault(key, mod)

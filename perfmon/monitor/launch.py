@@ -184,6 +184,20 @@ def plain_python(executable: str) -> str:
         return executable
 
 
+def _private_runtime_dir() -> Path | None:
+    """A fresh private runtime dir (0700, ours, a new name: nothing to trust) whose sockets fit a socket's path:
+    under $TMPDIR, else under /tmp (a $TMPDIR too long for one). None where neither can be made."""
+    for base in (None, "/tmp"):
+        try:
+            private = Path(tempfile.mkdtemp(prefix="perfmon-", dir=base))
+        except OSError:
+            continue
+        if paths.socket_fits(private) is None:
+            return private
+        shutil.rmtree(private, ignore_errors=True)
+    return None
+
+
 class TrainingProcess:
     """The launched job: ``python -m perfmon.agent TARGET ARGS`` in its own session."""
 
@@ -238,10 +252,7 @@ class TrainingProcess:
             return {}
         except paths.RuntimeDirError as exc:
             problem = exc
-        try:
-            private = Path(tempfile.mkdtemp(prefix="perfmon-"))  # 0700, ours, a new name: nothing to trust
-        except OSError:
-            private = None
+        private = _private_runtime_dir()
         consequence = ("perfmon ls/attach will not see this run" if private is not None
                        else "live attach disabled, the monitor reads the recording")
         print(paths.unusable_line(problem, consequence), file=sys.stderr, flush=True)

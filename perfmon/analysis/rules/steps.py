@@ -13,7 +13,8 @@ PHASE_ADVICE = {
     "forward": "the model's forward: bigger batches, torch.compile, bf16 autocast, fused kernels",
     "backward": "backward: bf16 autocast, activation checkpointing trade-offs, torch.compile",
     "optimizer": "the optimizer step: fused=True / foreach=True, fewer parameter tensors",
-    "other": "time outside the phases: logging, .item()/.cpu() calls, checkpoint saves, zero_grad(set_to_none=True)",
+    "other": "time outside the phases: the loss, logging, .item()/.cpu() calls, checkpoint saves, "
+             "zero_grad(set_to_none=True)",
 }
 
 
