@@ -1,10 +1,12 @@
 """CPU that perfmon costs inside the training process, all its threads together, per step.
 
-    python benchmarks/agent_cpu.py [--runs 5] [--steps 20000] [--job tiny|mlp] [--threads N] [--burners N]
+    python benchmarks/agent_cpu.py [--runs 5] [--steps 20000] [--job tiny|mlp] [--criterion] [--threads N]
+                                   [--burners N]
 
 The training script is this file with ``--train``: ``tiny`` is a linear model with SGD and no DataLoader
 (~90 us per step: the highest step rate, where a per-step cost shows most); ``mlp`` is a DataLoader + AdamW
-MLP of ~1.7 ms per step. Each run times ``--steps`` steps after a warm-up inside the loop and reports the
+MLP of ~1.7 ms per step. ``--criterion``: the loss is a module (``nn.MSELoss()``, as most hand-written loops
+have it) instead of ``nn.functional.mse_loss``. Each run times ``--steps`` steps after a warm-up inside the loop and reports the
 process's CPU time (``time.process_time``: every thread of the process, so the agent's publisher, socket
 and sampler threads count) and the training thread's own CPU time. Runs alternate with and without
 perfmon (``perfmon --headless``, the monitor in its own process, which is not counted here).
@@ -32,10 +34,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def make_step(job: str, threads: int = 1):
+def make_step(job: str, threads: int = 1, criterion: bool = False):
     import torch
     from torch import nn
 
+    loss_fn = nn.MSELoss() if criterion else nn.functional.mse_loss
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     if job == "tiny":
@@ -44,7 +47,7 @@ def make_step(job: str, threads: int = 1):
         x, y = torch.randn(4, 8), torch.randn(4, 1)
 
         def step() -> None:
-            loss = nn.functional.mse_loss(model(x), y)
+            loss = loss_fn(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -65,7 +68,7 @@ def make_step(job: str, threads: int = 1):
 
     def step() -> None:
         xb, yb = next(it)
-        loss = nn.functional.mse_loss(model(xb), yb)
+        loss = loss_fn(model(xb), yb)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -74,7 +77,7 @@ def make_step(job: str, threads: int = 1):
 
 
 def train(args: argparse.Namespace) -> None:
-    step = make_step(args.job, args.threads)
+    step = make_step(args.job, args.threads, args.criterion)
     for _ in range(args.warmup):
         step()
     cpu0, th0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
@@ -96,7 +99,7 @@ def perfmon_cmd() -> list[str]:
 def one_run(with_perfmon: bool, args: argparse.Namespace, tmp: Path, i: int) -> dict:
     out = tmp / f"{'with' if with_perfmon else 'without'}-{i}.json"
     script = [str(HERE), "--train", "--out", str(out), "--job", args.job, "--steps", str(args.steps),
-              "--warmup", str(args.warmup), "--threads", str(args.threads)]
+              "--warmup", str(args.warmup), "--threads", str(args.threads), *(["--criterion"] if args.criterion else [])]
     cmd = [*perfmon_cmd(), "--headless", "--run-dir", str(tmp / f"run-{i}"), *script] if with_perfmon \
         else [sys.executable, *script]
     res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
@@ -113,6 +116,7 @@ def main() -> None:
     p.add_argument("--train", action="store_true", help="be the training script (used by the driver)")
     p.add_argument("--out")
     p.add_argument("--job", choices=("tiny", "mlp"), default="tiny")
+    p.add_argument("--criterion", action="store_true", help="the loss as a module (nn.MSELoss())")
     p.add_argument("--runs", type=int, default=5, help="runs with and runs without perfmon")
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--warmup", type=int, default=500)
@@ -155,7 +159,7 @@ def report(args: argparse.Namespace, results: dict[bool, list[dict]]) -> None:
     d_thread = med(True, "thread_us") - med(False, "thread_us")
     # the job's own threads besides training are perfmon's: process minus training thread, with perfmon
     others = statistics.median(r["process_us"] - r["thread_us"] for r in results[True])
-    print(f"job {args.job}, {args.runs} runs each of {args.steps} steps, {args.threads} torch thread(s), "
+    print(f"job {args.job}{' with a loss module' if args.criterion else ''}, {args.runs} runs each of {args.steps} steps, {args.threads} torch thread(s), "
           f"{args.burners} busy process(es) beside it")
     print(f"process CPU: {med(False, 'process_us'):.2f} us/step without, {med(True, 'process_us'):.2f} with: "
           f"perfmon costs {d_proc:+.2f} us/step (goal <= 10)")

@@ -407,6 +407,28 @@ def test_a_job_shorter_than_a_sample_interval_still_records_its_model():
     assert [m["type"] for m in published] == ["model"] and published[0]["params"] == 4 * 2 + 2
 
 
+def test_trainable_is_what_an_optimizer_updates():
+    """A target network (TD3, DQN) keeps requires_grad=True and is never stepped: it was counted trainable, with
+    gradient bytes it never holds. A frozen teacher is frozen either way; with no optimizer yet, requires_grad
+    is all there is to go by."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    from perfmon.agent.sampler import model_facts
+
+    actor, teacher = nn.Linear(4, 2), nn.Linear(4, 3).requires_grad_(False)
+    target = copy.deepcopy(actor)
+    opt = torch.optim.Adam(actor.parameters())
+    facts = model_facts([actor, target, teacher], [opt])
+    assert facts is not None
+    assert (facts["params"], facts["trainable"], facts["frozen"]) == (10 + 10 + 15, 10, 10 + 15)
+    assert facts["grad_bytes"] == 10 * 4
+    before = model_facts([actor, target, teacher], [])
+    assert before is not None and before["trainable"] == 20
+
+
 MEMINFO = b"""MemTotal:       16000000 kB
 MemFree:         2000000 kB
 MemAvailable:    9000000 kB

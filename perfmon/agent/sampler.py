@@ -30,6 +30,9 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
         return None
     seen: set[int] = set()
     total = trainable = nbytes = grad_bytes = 0
+    # trainable: what an optimizer updates, where there is one. A target network (TD3's, DQN's) keeps
+    # requires_grad=True and is never stepped: it is frozen, and it holds no gradients
+    optimized = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
     by_dtype: dict[str, int] = {}
     for root in roots:
         for p in root.parameters():
@@ -40,7 +43,7 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
             total += n
             size = n * p.element_size()
             nbytes += size
-            if p.requires_grad:
+            if p.requires_grad and (not optimized or id(p) in optimized):
                 trainable += n
                 grad_bytes += size
             key = str(p.dtype).replace("torch.", "")
@@ -62,9 +65,7 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
                 if hasattr(v, "element_size") and hasattr(v, "numel"):
                     opt_bytes += v.numel() * v.element_size()
     return {
-        # a loss module called at top level is a root too (its time is forward time) but not "the model"
-        "roots": [type(r).__name__ for r in roots if next(r.parameters(), None) is not None]
-        or [type(r).__name__ for r in roots],
+        "roots": [type(r).__name__ for r in roots],
         "params": total, "trainable": trainable, "frozen": total - trainable, "by_dtype": by_dtype,
         "param_bytes": nbytes, "grad_bytes": grad_bytes, "optimizer_bytes": opt_bytes,
         "optimizers": opt_names, "optimizer_flags": opt_flags, "static_bytes": nbytes + grad_bytes + opt_bytes,
