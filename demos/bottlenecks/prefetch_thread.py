@@ -1,6 +1,7 @@
 """Input-bound through a prefetching thread: prefetch_generator's BackgroundGenerator (which many repos vendor)
-iterates a DataLoader whose samples cost 0.5 ms of (fake) decoding each; the training thread waits on its queue,
-which its steps show as "other"."""
+iterates a DataLoader whose samples cost 2 ms of (fake) decoding each (64 ms a batch: far more than the step's
+compute even where a busy host slows that tenfold); the training thread waits on its queue, which its steps show as
+"other"."""
 
 import queue
 import threading
@@ -45,12 +46,12 @@ class BackgroundGenerator(threading.Thread):
         return item
 
 
-a = args(120)
+a = args(60)
 model = mlp()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 step = 0
 while step < a.steps:
-    batches = BackgroundGenerator(DataLoader(SlowDataset(0.0005), batch_size=32, num_workers=0))
+    batches = BackgroundGenerator(DataLoader(SlowDataset(0.002), batch_size=32, num_workers=0))
     for x, y in batches:
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
