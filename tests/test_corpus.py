@@ -37,6 +37,8 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
     "distill": ("distill.py", ["--steps", "10"], False),
     "dcgan": ("dcgan.py", ["--steps", "6"], True),
     "dcgan_no_loader": ("dcgan.py", ["--steps", "6", "--no-loader"], True),
+    "wgan": ("wgan.py", [], False),
+    "wgan_first_batch": ("wgan.py", ["--first-generator", "0"], False),
     "nanogpt": ("nanogpt.py", ["--steps", "5", "--eval-interval", "3", "--eval-iters", "40"], True),
     "lbfgs": ("lbfgs.py", ["--steps", "3"], True),
     "eval_between": ("eval_between.py", ["--steps", "16", "--val-batches", "80"], True),
@@ -187,6 +189,10 @@ def test_case_expectations(pair):
         assert phases["other"]["p50_ms"] > phases["optimizer"]["p50_ms"], phases
     elif pair.name.startswith("dcgan"):  # two optimizers, one training step per batch
         assert rep["steps"] == truth["optimizer_steps"]["D"] == truth["optimizer_steps"]["G"]
+    elif pair.name.startswith("wgan"):  # the generator every n batches: still one step a batch, each its own batch
+        rows = [dict(zip(m["fields"], row, strict=True))
+                for m in events(pair.run) if m.get("type") == "steps" for row in m["rows"]]
+        assert [r["samples"] for r in rows] == [truth["samples"] // truth["steps"]] * truth["steps"], rows
     elif pair.name in ("eval_between", "nanogpt"):  # more than 64 no_grad forwards before the first backward
         assert phases["forward"]["mean_ms"] > 0 and phases["backward"]["mean_ms"] > 0, phases
     elif pair.name == "pretrain_finetune":  # the probe, a model built after the first, is timed as forward too

@@ -23,6 +23,7 @@ from perfmon.agent.steps import (
 )
 
 MADE = -1  # Seq's own code: an optimizer is built
+BUILT = -2  # Seq's own code: optimizers built before the loop, by key (the hooks note each as it is built)
 
 
 class Seq:
@@ -60,6 +61,11 @@ class Seq:
         self.events.append((MADE, self.t, None, None))
         return self
 
+    def built(self, *keys: str) -> Seq:
+        """Optimizers built before the loop (the hooks' patched ``Optimizer.__init__``, for each)."""
+        self.events.append((BUILT, self.t, keys, None))
+        return self
+
     def forward(self, ms: float, module: str = "model", grad: bool = True, kind: int | None = None) -> Seq:
         kind = kind if kind is not None else (GRAD if grad else NOGRAD)
         return self.phase("forward", ms, arg=("forward", module, kind))
@@ -88,6 +94,12 @@ class Seq:
                 bounds.explicit = True
             elif code == OPTIMIZER_CREATED:
                 bounds.optimizers_seen = True
+            elif code == BUILT:
+                bounds.unstepped.update(arg)
+                if not bounds.optimizers_seen:
+                    bounds.optimizers_seen = True
+                    out.append(tracker.feed(OPTIMIZER_CREATED, t))
+                continue
             elif code == MADE:  # as the hooks do: the first one says an optimizer exists, a later one may commit
                 if not bounds.optimizers_seen:
                     bounds.optimizers_seen = True
@@ -299,14 +311,30 @@ def test_gan_two_optimizers_per_batch_is_one_step(loader):
     assert all(r.duration == pytest.approx(steps[0].duration + 0.0005) for r in steps[1:])
 
 
-def test_wgan_critic_steps_count_batches_once_both_optimizers_have_stepped():
-    s = Seq().mark(OPTIMIZER_CREATED)
+@pytest.mark.parametrize("first_g", [0, 4], ids=["generator-first-batch", "generator-fifth-batch"])
+def test_wgan_every_batch_is_one_step(first_g):
+    """Critic every batch, generator every 5th. While the generator has not stepped, no critic update ends its
+    step at once (the generator's optimizer exists and may step in the same batch): its first update (batch 5)
+    was a step of its own, 16 for 15 batches."""
+    s = Seq().built("optD", "optG")
+    for i in range(15):
+        s.phase("data", 1, 8).forward(1, "D").phase("backward", 1).phase("optimizer", 1, opt="optD")
+        if i % 5 == first_g:
+            s.forward(1, "G").phase("backward", 1).phase("optimizer", 1, opt="optG")
+    steps = s.run()
+    assert len(steps) == 15 and {r.samples for r in steps} == {8}
+    g_batches = [r for r in steps if r.phases["optimizer"] == pytest.approx(0.002)]
+    assert [r.index for r in g_batches] == [first_g + 1, first_g + 6, first_g + 11]
+
+
+def test_an_optimizer_nobody_knew_of_before_its_first_update_still_splits_that_batch():
+    """Built before ``perfmon.instrument()`` (not seen until it steps): a critic update before the generator's
+    first ends its step at once, so that batch counts twice; from then on every batch is one step."""
+    s = Seq().built("optD")
     for i in range(15):
         s.phase("data", 1, 8).forward(1, "D").phase("backward", 1).phase("optimizer", 1, opt="optD")
         if i % 5 == 4:
             s.forward(1, "G").phase("backward", 1).phase("optimizer", 1, opt="optG")
-    # While only the critic has stepped, each update ends its step at once; the generator's first update
-    # (batch 5) therefore counts as a step of its own. From then on every batch is exactly one step.
     assert len(s.run()) == 16
 
 

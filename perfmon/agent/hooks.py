@@ -239,6 +239,8 @@ class Instrumentation:
             if depth > 1:
                 bounds.depth = depth - 1  # a nested phase ended: only the outermost can end a step
                 commit = False
+                if phase == "optimizer":  # a wrapped optimizer's own (ZeroRedundancyOptimizer's): it steps
+                    bounds.unstepped.discard(key)
             elif depth == 1 and phase != "optimizer" and (phase != "backward" or bounds.optimizers_seen):
                 bounds.depth = 0  # a forward, fetch or accumulation backward: no step ends here
                 commit = False
@@ -577,6 +579,8 @@ class Instrumentation:
             # callbacks hold the two sets of ints, never self: that would keep every optimizer alive.)
             weakref.finalize(opt, self._optimizer_ids.discard, key)
             weakref.finalize(opt, self.bounds.keys.discard, key)
+            self.bounds.unstepped.add(key)
+            weakref.finalize(opt, self.bounds.unstepped.discard, key)
         except TypeError:
             pass
         if not self.bounds.optimizers_seen:  # from now on a backward does not end a step

@@ -86,7 +86,7 @@ class Boundaries(HotState):
     was built (``native.HotState``).
     """
 
-    __slots__ = ("stepped", "cycle", "loader_loop", "keys")
+    __slots__ = ("stepped", "cycle", "loader_loop", "keys", "unstepped")
 
     # optimizers_seen: an optimizer exists or has stepped; until then a backward ends a step
 
@@ -100,6 +100,9 @@ class Boundaries(HotState):
         self.cycle: frozenset[Any] | None = None  # the optimizers one iteration steps, once learned
         self.loader_loop = False  # iterations begin with a DataLoader fetch
         self.keys: set[Any] = set()  # every optimizer that stepped and still exists (the hooks drop dead ones)
+        #: optimizers built (and alive) that never stepped: one may step later in an iteration (a WGAN's generator,
+        #: every n critic batches), so no update ends a step at once while one is left
+        self.unstepped: set[Any] = set()
 
     def begin(self, phase: str, key: Any = None) -> bool:
         """``key``: the optimizer for an optimizer phase, the forward kind (GRAD, NOGRAD, COPY) for a forward."""
@@ -145,6 +148,8 @@ class Boundaries(HotState):
             return True  # what the general case below decides for it, without the set arithmetic
         if self.depth:
             self.depth -= 1
+        if phase == "optimizer" and self.unstepped:
+            self.unstepped.discard(key)
         if self.depth == 0:
             if phase == "optimizer":
                 self.optimizers_seen = True
@@ -152,8 +157,9 @@ class Boundaries(HotState):
                 self.pending = True
                 self.keys.add(key)
                 # One optimizer, one update per iteration: the step ends now, so a loop that stalls (or
-                # is killed) after its update has it recorded. Several optimizers wait for the next iteration.
-                if (not self.explicit and self.cycle is not None and len(self.keys) == 1
+                # is killed) after its update has it recorded. Several optimizers, or another one built that
+                # has not stepped yet, wait for the next iteration.
+                if (not self.explicit and self.cycle is not None and len(self.keys) == 1 and not self.unstepped
                         and self.stepped >= self.cycle):
                     self.stepped = set()
                     self.pending = False
