@@ -87,13 +87,14 @@ def headless(run: Path, script: str, *args: str, env: dict[str, str], cwd: Path 
 def plain_and_headless(source: str, name: str, env: dict[str, str], tmp_path: Path
                        ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], Path]:
     """``source`` saved as ``tmp_path/name`` and run twice, both in ``tmp_path``: by plain python, then under
-    ``perfmon --headless`` (its run dir is the third item)."""
+    ``perfmon --headless`` (its run dir is the third item), with no status line (on a loaded host a run of a few
+    steps lasts long enough for one, and these tests compare the script's own output)."""
     script = tmp_path / name
     script.write_text(source)
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env,
                            cwd=tmp_path)
     run = tmp_path / "run"
-    return plain, headless(run, str(script), env=env, cwd=tmp_path), run
+    return plain, headless(run, str(script), env=env, cwd=tmp_path, interval=3600), run
 
 
 def report(run: Path, env: dict[str, str]) -> dict[str, Any]:

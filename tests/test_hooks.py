@@ -134,32 +134,72 @@ def test_discovery_finds_teacher_and_skips_dataset_transforms_and_long_evaluatio
     assert rec.steps() == 5
 
 
-def test_a_loss_module_is_no_root_and_a_model_behind_a_parameter_free_wrapper_is(hooks):
-    """A loss module (no parameters) is *other*, as a functional loss: it is no root, so its forward with grad in an
-    evaluation that forgot ``no_grad`` starts no step, and a loop with one keeps the steady shape (one forward a
-    step). A parameter-free module that calls a model it did not register is looked through: the model is found."""
+def test_a_loss_module_is_no_root_and_what_it_calls_is_found(hooks):
+    """A loss module without parameters (torch's, or a class named ...Loss) is *other*, as a functional loss: it
+    is no root, so its forward with grad in an evaluation that forgot ``no_grad`` starts no step, and a loop with
+    one keeps the steady shape (one forward a step). A network it calls without registering it is found."""
     inst, rec = hooks
 
-    class Through(nn.Module):  # holds the model outside its parameters: not a submodule
-        def __init__(self, inner: nn.Module) -> None:
+    class FeatureLoss(nn.Module):  # a perceptual loss holding its feature net outside its parameters
+        def __init__(self, net: nn.Module) -> None:
             super().__init__()
-            self.__dict__["inner"] = inner
+            self.__dict__["net"] = net
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.inner(x)
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return (self.net(a) - self.net(b)).pow(2).mean()
 
-    model, criterion = mlp(), nn.MSELoss()
-    through = Through(model)
+    model, features = mlp(), nn.Linear(1, 3).requires_grad_(False)
+    criterion, perceptual = nn.MSELoss(), FeatureLoss(features)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):
-        loss = criterion(through(torch.randn(2, 4)), torch.zeros(2, 1))
+        out = model(torch.randn(2, 4))
+        loss = criterion(out, torch.zeros(2, 1)) + perceptual(out, torch.zeros(2, 1))
         loss.backward()
         opt.step()
         opt.zero_grad()
-    assert inst.roots == [model]
-    keys = {a[1] for a in rec.forwards()}
-    assert keys == {id(model)}, "one forward a step: the model's, neither the loss's nor the wrapper's"
+    assert inst.roots == [model, features]
+    assert {a[1] for a in rec.forwards()} == {id(model), id(features)}, "neither loss is a forward"
     assert rec.steps() == 3
+
+
+def test_a_module_without_parameters_that_is_no_loss_is_found_as_any(hooks):
+    """A model that keeps its weights in plain tensors (d2l's "from scratch" chapters) is the model: without it
+    as a root, its evaluations had no forward and were folded into the next step."""
+    inst, rec = hooks
+
+    class Scratch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.randn(4, 1, requires_grad=True)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.w
+
+    model, criterion = Scratch(), nn.MSELoss()
+    opt = torch.optim.SGD([model.w], lr=0.1)
+    for _ in range(3):
+        criterion(model(torch.randn(2, 4)), torch.zeros(2, 1)).backward()
+        opt.step()
+        opt.zero_grad()
+    assert inst.roots == [model]
+    assert rec.steps() == 3
+
+
+def test_a_loss_module_that_is_the_loops_only_module_begins_its_iterations(hooks):
+    """Plain tensors, a loss module and updates by hand: no module with parameters to find. The loss, called a
+    second time, is timed as before, so that each step ends where the next iteration's loss begins (without it:
+    one step for the whole run)."""
+    inst, rec = hooks
+    w = torch.randn(4, 1, requires_grad=True)
+    criterion = nn.MSELoss()
+    for _ in range(5):
+        loss = criterion(torch.randn(2, 4) @ w, torch.zeros(2, 1))
+        loss.backward()
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+        w.grad = None
+    assert inst.roots == [criterion]
+    assert rec.steps() == 5
 
 
 def test_optimizer_built_before_instrumentation_is_found_and_steps_are_exact():

@@ -59,13 +59,19 @@ def grad_kind(mod: Any) -> int:
     return EVALGRAD if getattr(mod, "training", True) is False else GRAD
 
 
-def holds_parameters(mod: Any) -> bool:
-    """``mod`` (or a submodule) has a parameter: a model. A loss module (``nn.CrossEntropyLoss()``) or a
-    parameter-free transform has none, and is no root: its calls are *other* time, as a functional loss's are."""
+def is_loss(mod: Any) -> bool:
+    """``mod`` is a loss function: a parameter-free ``nn.Module`` of a loss class (torch's losses, or a class named
+    ``...Loss`` or ``...Criterion``). It is no root: its time is *other*, as a functional loss's is. (A module
+    without parameters that is not a loss, an augmentation or a model that keeps its weights in plain tensors, is
+    found as any module is.)"""
     try:
-        return next(iter(mod.parameters()), None) is not None
-    except Exception:  # noqa: BLE001 - a module whose parameters() fails: time it as before
-        return True
+        cls = type(mod)
+        if not (isinstance(mod, torch.nn.modules.loss._Loss)
+                or cls.__name__.lower().endswith(("loss", "criterion"))):
+            return False
+        return next(iter(mod.parameters()), None) is None
+    except Exception:  # noqa: BLE001 - an odd module: found as any module is
+        return False
 
 
 Emit = Callable[[int, Any], None]
@@ -177,6 +183,7 @@ class Instrumentation:
         self._discovery_retired = [False]  # the discovery wrapper calls straight on: discovery over, left in place
         self._module_depth = 0  # module calls open on the training thread (discovery only)
         self._top_calls = 0
+        self._losses: set[int] = set()  # ids of the loss modules called at top level while discovering
         self._candidates: dict[int, torch.nn.Module] = {}
         #: discovery started again after the first: it ends at a step end once it found a new root (or gave up)
         self._rediscovery_steps: int | None = None
@@ -919,10 +926,13 @@ class Instrumentation:
                     finally:
                         inst._module_depth -= 1
                 key = id(mod)
-                if key not in inst._candidates and key not in inst._root_refs and not holds_parameters(mod):
-                    # a loss module, or a parameter-free wrapper: not the model. Whatever it calls is still top
-                    # level: a model held outside its parameters (an attribute it did not register) is found
-                    return call(mod, *args, **kwargs)
+                if key not in inst._candidates and key not in inst._root_refs and is_loss(mod):
+                    if key not in inst._losses or inst._candidates or inst._roots:
+                        # not the model; what it calls is still top level (a network it did not register is found)
+                        inst._losses.add(key)
+                        return call(mod, *args, **kwargs)
+                    # called again, and no module with parameters was: the loop's only module (a model of plain
+                    # tensors, updated by hand). Timed as before, so that its calls begin the iterations
                 # A top-level module call: time it as the root's wrapper will time later ones.
                 kind = grad_kind(mod) if torch.is_grad_enabled() else NOGRAD
                 if key not in inst._root_refs:
