@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_e2e import PERFMON, REPO, env, perfmon, report  # noqa: F401  (env: the private runtime dir)
+from test_e2e import (  # noqa: F401  (env: the private runtime dir)
+    PERFMON,
+    PRINTS_EVERY_STEP,
+    REPO,
+    env,
+    into_head,
+    perfmon,
+    report,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -120,6 +128,26 @@ def test_a_failing_rank_takes_the_job_down_and_is_named(tmp_path, env):  # noqa:
     assert "RuntimeError: rank 1 failed at step 5" in summary["failed_rank"]["exception"]
     assert summary["exit_code"] == res.returncode
     assert "rank 1 failed: RuntimeError: rank 1 failed at step 5" in res.stderr
+
+
+def test_a_reader_that_leaves_the_pipe_ends_every_rank_as_under_plain_torchrun(tmp_path, env):  # noqa: F811
+    """``torchrun ... | head -2``: the ranks share torchrun's stdout, so their next print raises BrokenPipeError and
+    the job fails. Under perfmon the ranks' output goes to files perfmon copies to the pipe: every rank's stdout is
+    broken when the copy breaks (they trained on, unseen, for as long as the job ran)."""
+    script = tmp_path / "prints.py"
+    script.write_text(PRINTS_EVERY_STEP)
+    args = ["--standalone", "--nproc-per-node", "2", str(script)]
+    out, code, err = into_head([sys.executable, "-m", "torch.distributed.run", *args], tmp_path, env)
+    assert out.count("\n") == 2 and code != 0 and "BrokenPipeError" in err, err[-2000:]
+    run = tmp_path / "run"
+    pm_out, pm_code, pm_err = into_head([*PERFMON, "--headless", "--run-dir", str(run), "torchrun", *args],
+                                        tmp_path, env)
+    assert pm_out.count("\n") == 2 and pm_out.startswith("step "), pm_out
+    assert pm_code == code, pm_err[-3000:]
+    summary = report(run, env)
+    assert len(summary["ranks"]) == 2
+    for r in summary["ranks"]:
+        assert r["exception"].startswith("BrokenPipeError") and r["steps"] < 400, r
 
 
 @pytest.mark.parametrize(("args", "message"), [

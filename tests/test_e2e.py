@@ -915,6 +915,14 @@ for step in range(400):
 """
 
 
+def into_head(command: list[str], cwd: Path, env: dict[str, str], streams: str = "") -> tuple[str, int, str]:
+    """``command {streams} | head -2``: what head printed, the command's exit status, its stderr."""
+    line = " ".join(map(shlex.quote, command)) + f" {streams} | head -2; exit ${{PIPESTATUS[0]}}"
+    res = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                         text=True, timeout=180)
+    return res.stdout, res.returncode, res.stderr
+
+
 @pytest.mark.parametrize("streams", ["", "2>&1"], ids=["stdout", "stdout-and-stderr"])
 def test_a_reader_that_leaves_the_pipe_ends_the_job_as_under_plain_python(env, tmp_path, streams):
     """``python train.py | head -2``: the script's third print raises BrokenPipeError and it ends, exit 1. Under
@@ -922,16 +930,10 @@ def test_a_reader_that_leaves_the_pipe_ends_the_job_as_under_plain_python(env, t
     are broken too, so it ends the same way (it trained on, unseen, for as long as it ran)."""
     script = tmp_path / "prints.py"
     script.write_text(PRINTS_EVERY_STEP)
-
-    def piped(command: list[str]) -> tuple[str, int]:
-        line = " ".join(map(shlex.quote, command)) + f" {streams} | head -2; exit ${{PIPESTATUS[0]}}"
-        res = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                             capture_output=True, text=True, timeout=120)
-        return res.stdout, res.returncode
-
-    assert piped([sys.executable, str(script)]) == ("step 0\nstep 1\n", 1)
+    assert into_head([sys.executable, str(script)], tmp_path, env, streams)[:2] == ("step 0\nstep 1\n", 1)
     run = tmp_path / "run"
-    assert piped([*PERFMON, "--headless", "--run-dir", str(run), str(script)]) == ("step 0\nstep 1\n", 1)
+    pm = into_head([*PERFMON, "--headless", "--run-dir", str(run), str(script)], tmp_path, env, streams)
+    assert pm[:2] == ("step 0\nstep 1\n", 1)
     rep = report(run, env)
     assert rep["exit_code"] == 1 and rep["exception"].startswith("BrokenPipeError"), rep
     assert rep["steps"] < 400
