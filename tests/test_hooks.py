@@ -162,6 +162,50 @@ def test_a_loss_module_is_no_root_and_what_it_calls_is_found(hooks):
     assert rec.steps() == 3
 
 
+def test_a_loss_not_named_one_is_known_by_its_scalar_once_the_model_is_found(hooks):
+    """timm's ``SoftTargetCrossEntropy`` (an ``nn.Module``, no ``Loss`` in its name): its first call, beside the
+    model, gives a scalar from a module without parameters: no root from then on. A parameter-free module that
+    returns the loss and is all there is (a train-step wrapper holding the model unregistered) stays the root."""
+    inst, rec = hooks
+
+    class SoftTargetCrossEntropy(nn.Module):
+        def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return torch.sum(-target * torch.log_softmax(x, dim=-1), dim=-1).mean()
+
+    model, loss_fn = nn.Linear(4, 3), SoftTargetCrossEntropy()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        loss_fn(model(torch.randn(2, 4)), torch.full((2, 3), 1 / 3)).backward()
+        opt.step()
+        opt.zero_grad()
+    assert inst.roots == [model]
+    keys = [a[1] for a in rec.forwards()]
+    assert keys.count(id(loss_fn)) == 1 and keys.count(id(model)) == 4, "timed in step 1 only, while discovering"
+    assert rec.steps() == 4
+
+
+def test_a_parameter_free_step_that_returns_the_loss_alone_stays_the_root(hooks):
+    inst, rec = hooks
+
+    class TrainStep(nn.Module):
+        def __init__(self, model: nn.Module) -> None:
+            super().__init__()
+            self.__dict__["model"] = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model(x).pow(2).mean()
+
+    model = mlp()
+    step = TrainStep(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        step(torch.randn(2, 4)).backward()
+        opt.step()
+        opt.zero_grad()
+    assert inst.roots == [step]
+    assert rec.steps() == 4
+
+
 def test_a_module_without_parameters_that_is_no_loss_is_found_as_any(hooks):
     """A model that keeps its weights in plain tensors (d2l's "from scratch" chapters) is the model: without it
     as a root, its evaluations had no forward and were folded into the next step."""

@@ -60,10 +60,11 @@ def grad_kind(mod: Any) -> int:
 
 
 def is_loss(mod: Any) -> bool:
-    """``mod`` is a loss function: a parameter-free ``nn.Module`` of a loss class (torch's losses, or a class named
-    ``...Loss`` or ``...Criterion``). It is no root: its time is *other*, as a functional loss's is. (A module
-    without parameters that is not a loss, an augmentation or a model that keeps its weights in plain tensors, is
-    found as any module is.)"""
+    """``mod`` is a loss function by its class: a parameter-free ``nn.Module`` of torch's losses, or of a class
+    named ``...Loss`` or ``...Criterion``. It is no root: its time is *other*, as a functional loss's is. (A loss
+    of another name is known by its first call: ``Instrumentation._scalar_loss``. A module without parameters
+    that is not a loss, an augmentation or a model that keeps its weights in plain tensors, is found as any module
+    is.)"""
     try:
         cls = type(mod)
         if not (isinstance(mod, torch.nn.modules.loss._Loss)
@@ -926,7 +927,7 @@ class Instrumentation:
                     finally:
                         inst._module_depth -= 1
                 key = id(mod)
-                if key not in inst._candidates and key not in inst._root_refs and is_loss(mod):
+                if key not in inst._candidates and key not in inst._root_refs and (key in inst._losses or is_loss(mod)):
                     if key not in inst._losses or inst._candidates or inst._roots:
                         # not the model; what it calls is still top level (a network it did not register is found)
                         inst._losses.add(key)
@@ -935,23 +936,40 @@ class Instrumentation:
                     # tensors, updated by hand). Timed as before, so that its calls begin the iterations
                 # A top-level module call: time it as the root's wrapper will time later ones.
                 kind = grad_kind(mod) if torch.is_grad_enabled() else NOGRAD
+                new = key not in inst._root_refs and key not in inst._candidates
                 if key not in inst._root_refs:
                     inst._candidates.setdefault(key, mod)
                     inst._top_calls += 1
                 inst.begin("forward", ("forward", key, kind), kind)
                 inst._module_depth += 1
                 try:
-                    return call(mod, *args, **kwargs)
+                    out = call(mod, *args, **kwargs)
                 finally:
                     inst._module_depth -= 1
                     inst.end("forward")
                     if inst._top_calls >= _DISCOVERY_CALL_LIMIT:
                         inst.finish_discovery(force=True)
+                if new and inst._scalar_loss(mod, key, out):
+                    inst._candidates.pop(key, None)
+                    inst._losses.add(key)
+                return out
 
             return __call__
 
         self._wrap_call(torch.nn.Module, make)
         self.bounds.discovering = True
+
+    def _scalar_loss(self, mod: Any, key: int, out: Any) -> bool:
+        """A loss of a class not named one (timm's ``SoftTargetCrossEntropy``): its first call gave a scalar, it
+        holds no parameters, and a model was found beside it (alone, it may be the loop's whole step)."""
+        try:
+            if not (isinstance(out, torch.Tensor) and out.dim() == 0):
+                return False
+            if not (self._roots or any(k != key for k in self._candidates)):
+                return False
+            return next(iter(mod.parameters()), None) is None
+        except Exception:  # noqa: BLE001 - an odd module: found as any module is
+            return False
 
     def _stop_discovery(self) -> None:
         if self.bounds.discovering:
