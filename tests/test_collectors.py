@@ -409,8 +409,8 @@ def test_a_job_shorter_than_a_sample_interval_still_records_its_model():
 
 def test_trainable_is_what_an_optimizer_updates():
     """A target network (TD3, DQN) keeps requires_grad=True and is never stepped: it was counted trainable, with
-    gradient bytes it never holds. A frozen teacher is frozen either way; with no optimizer yet, requires_grad
-    is all there is to go by."""
+    gradient bytes it never holds. A frozen teacher is frozen either way; with no optimizer yet, or one over
+    master copies (mixed precision by hand), requires_grad is all there is to go by."""
     import copy
 
     import torch
@@ -427,6 +427,9 @@ def test_trainable_is_what_an_optimizer_updates():
     assert facts["grad_bytes"] == 10 * 4
     before = model_facts([actor, target, teacher], [])
     assert before is not None and before["trainable"] == 20
+    master = [p.detach().clone().float().requires_grad_() for p in actor.parameters()]  # fp32 master weights
+    copies = model_facts([actor], [torch.optim.AdamW(master)])
+    assert copies is not None and copies["trainable"] == 10  # its optimizer holds none of the model's own
 
 
 MEMINFO = b"""MemTotal:       16000000 kB

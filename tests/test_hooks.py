@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from perfmon.agent.hooks import Instrumentation, accelerator
+from perfmon.agent.hooks import Instrumentation, accelerator, is_loss
 from perfmon.agent.steps import BEGIN, BOUNDARY, END, PREFETCH, StepTracker
 
 
@@ -204,6 +204,69 @@ def test_a_parameter_free_step_that_returns_the_loss_alone_stays_the_root(hooks)
         opt.zero_grad()
     assert inst.roots == [step]
     assert rec.steps() == 4
+
+
+def test_a_loss_is_the_root_where_no_model_is_found(hooks):
+    """Plain-tensor weights, a DataLoader, an optimizer and a loss module: the fetch ends step 1 before the loss is
+    called again, and discovery ended with nothing found (no forward, validation folded into steps). The loss is
+    then the root, as before; one built anew every iteration counts as the same loss."""
+    inst, rec = hooks
+    w = torch.randn(4, 1, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+    criterion = nn.BCEWithLogitsLoss()
+    loader = DataLoader(TensorDataset(torch.randn(12, 4), torch.rand(12, 1)), batch_size=2)
+    for x, y in loader:
+        criterion(x @ w, y).backward()
+        opt.step()
+        opt.zero_grad()
+    assert inst.roots == [criterion]
+    assert rec.steps() == 6
+
+
+def test_a_loss_built_every_iteration_still_begins_the_iterations(hooks):
+    inst, rec = hooks
+    w = torch.randn(4, 1, requires_grad=True)
+    for _ in range(6):
+        nn.MSELoss()(torch.randn(2, 4) @ w, torch.zeros(2, 1)).backward()  # a new module, maybe a new id, each time
+        with torch.no_grad():
+            w -= 0.1 * w.grad
+        w.grad = None
+    assert rec.steps() == 6
+
+
+def test_the_modules_a_loss_calls_are_its_own_unless_they_are_a_network(hooks):
+    """A Dice loss's ``nn.Sigmoid`` (a DETR matcher, a CosineSimilarity) is the loss's time, no root: as a root its
+    grad forward in an evaluation that forgot ``no_grad`` read as training. A compiled loss is a loss."""
+    inst, rec = hooks
+
+    class DiceLoss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.act = nn.Sigmoid()
+
+        def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            p = self.act(logits)
+            return 1 - (2 * (p * target).sum() + 1) / (p.sum() + target.sum() + 1)
+
+    model, criterion = mlp(), DiceLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        criterion(model(torch.randn(2, 4)), torch.ones(2, 1)).backward()
+        opt.step()
+        opt.zero_grad()
+    assert inst.roots == [model]
+
+
+class _Compiled(nn.Module):
+    """What ``torch.compile(module)`` returns, as far as ``is_loss`` reads it (an OptimizedModule: ``_orig_mod``)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self._orig_mod = inner
+
+
+def test_a_compiled_loss_is_a_loss():
+    assert is_loss(_Compiled(nn.MSELoss())) and not is_loss(_Compiled(mlp())) and not is_loss(nn.Sigmoid())
 
 
 def test_a_module_without_parameters_that_is_no_loss_is_found_as_any(hooks):

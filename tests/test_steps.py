@@ -18,6 +18,7 @@ from perfmon.agent.steps import (
     OPTIMIZER_CREATED,
     PREFETCH,
     STEP,
+    UNSTEPPED_PATIENCE,
     Boundaries,
     StepTracker,
 )
@@ -325,6 +326,35 @@ def test_wgan_every_batch_is_one_step(first_g):
     assert len(steps) == 15 and {r.samples for r in steps} == {8}
     g_batches = [r for r in steps if r.phases["optimizer"] == pytest.approx(0.002)]
     assert [r.index for r in g_batches] == [first_g + 1, first_g + 6, first_g + 11]
+
+
+@pytest.mark.parametrize("first_g", [0, 4], ids=["generator-first-batch", "generator-fifth-batch"])
+def test_wgan_without_a_dataloader_is_one_step_a_batch(first_g):
+    """No fetch begins the iterations: a forward after every optimizer of the loop stepped does. The generator's
+    forward right after the critic's update began a step of its own while the generator had never stepped."""
+    s = Seq().built("optD", "optG")
+    for i in range(15):
+        s.forward(1, "G").forward(1, "D").phase("backward", 1).phase("optimizer", 1, opt="optD")
+        if i % 5 == first_g:
+            s.forward(1, "G").phase("backward", 1).phase("optimizer", 1, opt="optG")
+    assert len(s.run()) == 15
+
+
+def test_an_optimizer_built_and_never_stepped_is_waited_for_a_while_only():
+    """Built and never used (or used much later): while it is waited for, the loop's one optimizer ends no step
+    at once (no fast path); after UNSTEPPED_PATIENCE steps the loop is the other's again."""
+    bounds = Boundaries()
+    bounds.optimizers_seen = True
+    bounds.unstepped.update({"opt", "unused"})
+    at_once = []
+    for _ in range(UNSTEPPED_PATIENCE + 5):
+        for phase, key in (("forward", GRAD), ("backward", None)):
+            bounds.begin(phase, key)
+            bounds.end(phase, key)
+        bounds.begin("optimizer", "opt")
+        at_once.append(bounds.end("optimizer", "opt"))
+    assert not any(at_once[:UNSTEPPED_PATIENCE]) and all(at_once[UNSTEPPED_PATIENCE + 2:]), at_once
+    assert not bounds.unstepped
 
 
 def test_an_optimizer_nobody_knew_of_before_its_first_update_still_splits_that_batch():

@@ -66,13 +66,20 @@ def is_loss(mod: Any) -> bool:
     that is not a loss, an augmentation or a model that keeps its weights in plain tensors, is found as any module
     is.)"""
     try:
-        cls = type(mod)
-        if not (isinstance(mod, torch.nn.modules.loss._Loss)
-                or cls.__name__.lower().endswith(("loss", "criterion"))):
+        inner = getattr(mod, "_orig_mod", mod)  # a compiled loss (torch.compile(criterion)) is its module's
+        if not (isinstance(inner, torch.nn.modules.loss._Loss)
+                or type(inner).__name__.lower().endswith(("loss", "criterion"))):
             return False
-        return next(iter(mod.parameters()), None) is None
+        return not _holds_parameters(mod)
     except Exception:  # noqa: BLE001 - an odd module: found as any module is
         return False
+
+
+def _holds_parameters(mod: Any) -> bool:
+    try:
+        return next(iter(mod.parameters()), None) is not None
+    except Exception:  # noqa: BLE001 - a module whose parameters() fails: taken for a model
+        return True
 
 
 Emit = Callable[[int, Any], None]
@@ -184,7 +191,9 @@ class Instrumentation:
         self._discovery_retired = [False]  # the discovery wrapper calls straight on: discovery over, left in place
         self._module_depth = 0  # module calls open on the training thread (discovery only)
         self._top_calls = 0
-        self._losses: set[int] = set()  # ids of the loss modules called at top level while discovering
+        #: the loss modules called at top level while discovering (the roots, where no model is found)
+        self._losses: dict[int, torch.nn.Module] = {}
+        self._in_loss = 0  # loss calls open while discovering: what they call is the loss's, unless a network
         self._candidates: dict[int, torch.nn.Module] = {}
         #: discovery started again after the first: it ends at a step end once it found a new root (or gave up)
         self._rediscovery_steps: int | None = None
@@ -927,13 +936,21 @@ class Instrumentation:
                     finally:
                         inst._module_depth -= 1
                 key = id(mod)
-                if key not in inst._candidates and key not in inst._root_refs and (key in inst._losses or is_loss(mod)):
-                    if key not in inst._losses or inst._candidates or inst._roots:
-                        # not the model; what it calls is still top level (a network it did not register is found)
-                        inst._losses.add(key)
-                        return call(mod, *args, **kwargs)
-                    # called again, and no module with parameters was: the loop's only module (a model of plain
-                    # tensors, updated by hand). Timed as before, so that its calls begin the iterations
+                if key not in inst._candidates and key not in inst._root_refs:
+                    if key in inst._losses or is_loss(mod):
+                        if not inst._losses or inst._candidates or inst._roots:
+                            # not the model; what it calls is still top level (a network it did not register is
+                            # found)
+                            inst._losses.setdefault(key, mod)
+                            inst._in_loss += 1
+                            try:
+                                return call(mod, *args, **kwargs)
+                            finally:
+                                inst._in_loss -= 1
+                        # a loss again, and no module with parameters was called: the loop's only module (a model
+                        # of plain tensors, updated by hand). Timed as before, so that its calls begin the iterations
+                    elif inst._in_loss and not _holds_parameters(mod):
+                        return call(mod, *args, **kwargs)  # the loss's own helper (a Sigmoid, a matcher): its time
                 # A top-level module call: time it as the root's wrapper will time later ones.
                 kind = grad_kind(mod) if torch.is_grad_enabled() else NOGRAD
                 new = key not in inst._root_refs and key not in inst._candidates
@@ -951,7 +968,7 @@ class Instrumentation:
                         inst.finish_discovery(force=True)
                 if new and inst._scalar_loss(mod, key, out):
                     inst._candidates.pop(key, None)
-                    inst._losses.add(key)
+                    inst._losses[key] = mod
                 return out
 
             return __call__
@@ -967,7 +984,7 @@ class Instrumentation:
                 return False
             if not (self._roots or any(k != key for k in self._candidates)):
                 return False
-            return next(iter(mod.parameters()), None) is None
+            return not _holds_parameters(mod)
         except Exception:  # noqa: BLE001 - an odd module: found as any module is
             return False
 
@@ -990,11 +1007,14 @@ class Instrumentation:
         self._rediscovery_steps = None
         try:
             self._stop_discovery()
-            for module in self._candidates.values():
+            # no model found, only a loss (a model of plain tensors): the loss is timed, as the loop's one module
+            found = self._candidates or ({} if self._roots else self._losses)
+            for module in found.values():
                 self.hook_root(module)
         except Exception as exc:  # noqa: BLE001
             self._on_error("hooks:discovery", exc)
         self._candidates.clear()
+        self._losses.clear()
 
     def hook_root(self, module: torch.nn.Module) -> None:
         """Time every call of ``module`` (that instance only) as a forward phase."""

@@ -30,9 +30,12 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
         return None
     seen: set[int] = set()
     total = trainable = nbytes = grad_bytes = 0
-    # trainable: what an optimizer updates, where there is one. A target network (TD3's, DQN's) keeps
-    # requires_grad=True and is never stepped: it is frozen, and it holds no gradients
+    # trainable: what an optimizer updates, where an optimizer updates the roots' parameters. A target network
+    # (TD3's, DQN's) keeps requires_grad=True and is never stepped: it is frozen, and it holds no gradients. (A
+    # model trained through fp32 master copies, whose optimizer holds none of its own: requires_grad says.)
     optimized = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
+    if not any(id(p) in optimized for root in roots for p in root.parameters()):
+        optimized = set()
     by_dtype: dict[str, int] = {}
     for root in roots:
         for p in root.parameters():

@@ -78,6 +78,13 @@ CLOSURE = "closure"
 OUTSIDE = OUTSIDE_KINDS  # evaluation, checkpoint, other
 
 
+#: Steps an optimizer that was built and never stepped is waited for (a WGAN's generator steps every 5 critic
+#: batches, as a rule; a discriminator switched on after a warm-up, a frozen part unfrozen later). One built and
+#: never used costs the loop its fast path for these steps only; one that first steps later still splits that
+#: iteration in two steps.
+UNSTEPPED_PATIENCE = 100
+
+
 class Boundaries(HotState):
     """The training thread's view of step boundaries. ``begin``/``end`` mirror the hooks.
 
@@ -86,7 +93,7 @@ class Boundaries(HotState):
     was built (``native.HotState``).
     """
 
-    __slots__ = ("stepped", "cycle", "loader_loop", "keys", "unstepped")
+    __slots__ = ("stepped", "cycle", "loader_loop", "keys", "unstepped", "waited")
 
     # optimizers_seen: an optimizer exists or has stepped; until then a backward ends a step
 
@@ -101,8 +108,10 @@ class Boundaries(HotState):
         self.loader_loop = False  # iterations begin with a DataLoader fetch
         self.keys: set[Any] = set()  # every optimizer that stepped and still exists (the hooks drop dead ones)
         #: optimizers built (and alive) that never stepped: one may step later in an iteration (a WGAN's generator,
-        #: every n critic batches), so no update ends a step at once while one is left
+        #: every n critic batches), so no update ends a step at once, and no forward after an update begins the
+        #: next, while one is left; for UNSTEPPED_PATIENCE steps at most (an optimizer built and never used)
         self.unstepped: set[Any] = set()
+        self.waited = 0  # steps ended while an optimizer was unstepped
 
     def begin(self, phase: str, key: Any = None) -> bool:
         """``key``: the optimizer for an optimizer phase, the forward kind (GRAD, NOGRAD, COPY) for a forward."""
@@ -115,7 +124,8 @@ class Boundaries(HotState):
                 if not self.optimizers_seen or key not in (GRAD, EVALGRAD, None):
                     commit = True  # manual updates, or a no-grad forward after the step: evaluation
                 else:  # a loop that fetches from a DataLoader begins its iterations there
-                    commit = not self.loader_loop and self.cycle is not None and self.stepped >= self.cycle
+                    commit = (not self.loader_loop and self.cycle is not None and self.stepped >= self.cycle
+                              and not self.unstepped)
             elif phase == "optimizer":
                 commit = key in self.stepped
             if commit:
@@ -123,6 +133,10 @@ class Boundaries(HotState):
                     self.cycle = frozenset(self.stepped)
                 self.stepped = set()
                 self.pending = False
+                if self.unstepped:
+                    self.waited += 1
+                    if self.waited > UNSTEPPED_PATIENCE:  # never used: the loop is the others'
+                        self.unstepped.clear()
         self.depth += 1
         return commit
 
@@ -148,8 +162,10 @@ class Boundaries(HotState):
             return True  # what the general case below decides for it, without the set arithmetic
         if self.depth:
             self.depth -= 1
-        if phase == "optimizer" and self.unstepped:
+        if phase == "optimizer" and key in self.unstepped:
             self.unstepped.discard(key)
+            if self.cycle is not None and key not in self.cycle:
+                self.cycle = None  # the loop is learned again, with it: its forward after another's update is in
         if self.depth == 0:
             if phase == "optimizer":
                 self.optimizers_seen = True
