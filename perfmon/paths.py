@@ -55,9 +55,9 @@ def _unsafe(path: Path, st: os.stat_result) -> str | None:
 SOCKET_PATH_MAX = 107
 
 
-def socket_fits(directory: Path) -> int | None:
-    """None where every socket perfmon makes in ``directory`` fits a Unix socket's path; else how long the longest
-    would be, in bytes."""
+def socket_overflow(directory: Path) -> int | None:
+    """How long, in bytes, the longest socket path perfmon makes in ``directory`` would be, where that is too long
+    for a Unix socket; None where every one fits."""
     longest = len(os.fsencode(directory / f"{'9' * 7}.sock"))  # pids go up to 2**22: seven digits
     return None if longest <= SOCKET_PATH_MAX else longest
 
@@ -70,7 +70,7 @@ def runtime_dir(create: bool = True) -> Path:
     at all. A dir of ours that others can only read is tightened to 0700.
     """
     path = configured_runtime_dir()
-    longest = socket_fits(path)
+    longest = socket_overflow(path)
     if longest is not None:
         raise RuntimeDirError(path, f"is too long for a socket's path ({longest} bytes with the socket's name; "
                                     f"at most {SOCKET_PATH_MAX})", fix="set PERFMON_RUNTIME_DIR to a private dir with a shorter path")

@@ -225,7 +225,7 @@ def test_a_tmpdir_too_long_for_a_socket_gives_a_private_dir_under_tmp(base, tmp_
     monkeypatch.chdir(ROOT)
     proc = TrainingProcess(Target(str(script), None), tmp_path / "run").start()
     private = proc.runtime_dir
-    assert private is not None and private.parent == Path("/tmp") and paths.socket_fits(private) is None
+    assert private is not None and private.parent == Path("/tmp") and paths.socket_overflow(private) is None
     assert proc.wait() == 0
     assert not private.exists() and list(long_tmp.iterdir()) == []  # the one too long was removed at once
 

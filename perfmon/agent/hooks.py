@@ -193,7 +193,7 @@ class Instrumentation:
         self._top_calls = 0
         #: the loss modules called at top level while discovering (the roots, where no model is found)
         self._losses: dict[int, torch.nn.Module] = {}
-        self._in_loss = 0  # loss calls open while discovering: what they call is the loss's, unless a network
+        self._in_loss = 0  # calls discovery looks through (_looked_through) open on the training thread
         self._candidates: dict[int, torch.nn.Module] = {}
         #: discovery started again after the first: it ends at a step end once it found a new root (or gave up)
         self._rediscovery_steps: int | None = None
@@ -256,8 +256,8 @@ class Instrumentation:
             if depth > 1:
                 bounds.depth = depth - 1  # a nested phase ended: only the outermost can end a step
                 commit = False
-                if phase == "optimizer":  # a wrapped optimizer's own (ZeroRedundancyOptimizer's): it steps
-                    bounds.unstepped.discard(key)
+                if phase == "optimizer" and key in bounds.unstepped:  # a wrapped optimizer's own (ZeRO's)
+                    bounds.first_update(key)
             elif depth == 1 and phase != "optimizer" and (phase != "backward" or bounds.optimizers_seen):
                 bounds.depth = 0  # a forward, fetch or accumulation backward: no step ends here
                 commit = False
@@ -936,24 +936,15 @@ class Instrumentation:
                     finally:
                         inst._module_depth -= 1
                 key = id(mod)
-                if key not in inst._candidates and key not in inst._root_refs:
-                    if key in inst._losses or is_loss(mod):
-                        if not inst._losses or inst._candidates or inst._roots:
-                            # not the model; what it calls is still top level (a network it did not register is
-                            # found)
-                            inst._losses.setdefault(key, mod)
-                            inst._in_loss += 1
-                            try:
-                                return call(mod, *args, **kwargs)
-                            finally:
-                                inst._in_loss -= 1
-                        # a loss again, and no module with parameters was called: the loop's only module (a model
-                        # of plain tensors, updated by hand). Timed as before, so that its calls begin the iterations
-                    elif inst._in_loss and not _holds_parameters(mod):
-                        return call(mod, *args, **kwargs)  # the loss's own helper (a Sigmoid, a matcher): its time
+                new = key not in inst._root_refs and key not in inst._candidates
+                if new and inst._looked_through(mod, key):
+                    inst._in_loss += 1
+                    try:
+                        return call(mod, *args, **kwargs)
+                    finally:
+                        inst._in_loss -= 1
                 # A top-level module call: time it as the root's wrapper will time later ones.
                 kind = grad_kind(mod) if torch.is_grad_enabled() else NOGRAD
-                new = key not in inst._root_refs and key not in inst._candidates
                 if key not in inst._root_refs:
                     inst._candidates.setdefault(key, mod)
                     inst._top_calls += 1
@@ -976,17 +967,24 @@ class Instrumentation:
         self._wrap_call(torch.nn.Module, make)
         self.bounds.discovering = True
 
+    def _looked_through(self, mod: Any, key: int) -> bool:
+        """Discovery calls ``mod`` (no root yet, no candidate) through, untimed: a loss, whose calls are still top
+        level (a network it holds without registering it is found), or, inside a loss, a module without parameters
+        (a Dice loss's Sigmoid, a DETR matcher: the loss's time). A loss called again while no module with
+        parameters has been is the loop's only module (a model of plain tensors, updated by hand): timed, so that
+        its calls begin the iterations."""
+        if key in self._losses or is_loss(mod):
+            if self._losses and not self._candidates and not self._roots:
+                return False
+            self._losses.setdefault(key, mod)
+            return True
+        return self._in_loss > 0 and not _holds_parameters(mod)
+
     def _scalar_loss(self, mod: Any, key: int, out: Any) -> bool:
         """A loss of a class not named one (timm's ``SoftTargetCrossEntropy``): its first call gave a scalar, it
         holds no parameters, and a model was found beside it (alone, it may be the loop's whole step)."""
-        try:
-            if not (isinstance(out, torch.Tensor) and out.dim() == 0):
-                return False
-            if not (self._roots or any(k != key for k in self._candidates)):
-                return False
-            return not _holds_parameters(mod)
-        except Exception:  # noqa: BLE001 - an odd module: found as any module is
-            return False
+        return (isinstance(out, torch.Tensor) and out.dim() == 0
+                and bool(self._roots or any(k != key for k in self._candidates)) and not _holds_parameters(mod))
 
     def _stop_discovery(self) -> None:
         if self.bounds.discovering:

@@ -29,13 +29,13 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
     if not roots:
         return None
     seen: set[int] = set()
-    total = trainable = nbytes = grad_bytes = 0
+    total = nbytes = 0
     # trainable: what an optimizer updates, where an optimizer updates the roots' parameters. A target network
     # (TD3's, DQN's) keeps requires_grad=True and is never stepped: it is frozen, and it holds no gradients. (A
     # model trained through fp32 master copies, whose optimizer holds none of its own: requires_grad says.)
     optimized = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
-    if not any(id(p) in optimized for root in roots for p in root.parameters()):
-        optimized = set()
+    wants_grad = [0, 0]  # numel, bytes: requires_grad
+    stepped = [0, 0]  # numel, bytes: requires_grad and in an optimizer
     by_dtype: dict[str, int] = {}
     for root in roots:
         for p in root.parameters():
@@ -46,11 +46,15 @@ def model_facts(roots: list[Any], optimizers: list[Any]) -> dict[str, Any] | Non
             total += n
             size = n * p.element_size()
             nbytes += size
-            if p.requires_grad and (not optimized or id(p) in optimized):
-                trainable += n
-                grad_bytes += size
+            if p.requires_grad:
+                wants_grad[0] += n
+                wants_grad[1] += size
+                if id(p) in optimized:
+                    stepped[0] += n
+                    stepped[1] += size
             key = str(p.dtype).replace("torch.", "")
             by_dtype[key] = by_dtype.get(key, 0) + n
+    trainable, grad_bytes = stepped if stepped[0] else wants_grad
     opt_bytes = 0
     opt_names = []
     opt_flags = []

@@ -140,6 +140,12 @@ class Boundaries(HotState):
         self.depth += 1
         return commit
 
+    def first_update(self, key: Any) -> None:
+        """An optimizer built and waited for stepped for the first time (at any depth)."""
+        self.unstepped.discard(key)
+        if self.cycle is not None and key not in self.cycle:
+            self.cycle = None  # the loop is learned again, with it: its forward after another's update is in
+
     def optimizer_made(self) -> bool:
         """An optimizer was built between phases. A loop that builds one per iteration (or per epoch, or per
         stage of unfreezing) begins its iteration there, and its optimizers are not the ones the loop was learned
@@ -163,9 +169,7 @@ class Boundaries(HotState):
         if self.depth:
             self.depth -= 1
         if phase == "optimizer" and key in self.unstepped:
-            self.unstepped.discard(key)
-            if self.cycle is not None and key not in self.cycle:
-                self.cycle = None  # the loop is learned again, with it: its forward after another's update is in
+            self.first_update(key)
         if self.depth == 0:
             if phase == "optimizer":
                 self.optimizers_seen = True

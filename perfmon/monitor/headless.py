@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -77,6 +78,8 @@ class ScriptOutput:
         # where stdout and stderr are one file (a terminal, `2>&1` into a log or a pipe)
         self._beside = list(self.tails) if combined or same_destination() else [self.tails[1]]
         self._last = b"\n"
+        self._said: tuple[Stream, ...] = ()  # the streams the job was told to break (break_job_streams)
+        self._reached: frozenset[int] = frozenset()  # the ranks connected when it was told
 
     def fresh_line(self) -> str:
         """A newline where the script left a line open where perfmon's next line goes (a progress bar redrawn after
@@ -103,6 +106,16 @@ class ScriptOutput:
         if len(self.tails) == 1:
             return ("stdout", "stderr") if out else ()
         return (*(("stdout",) if out else ()), *(("stderr",) if self.tails[1].broken else ()))
+
+    def break_job_streams(self, send: Callable[[Command], bool], reached: frozenset[int] = frozenset()) -> None:
+        """``| head`` left: tell the job (``close_output``) to break its streams whose copy broke, so that its next
+        print fails, as under plain python (it trained on, unseen). Said again until it is taken, where the broken
+        streams change, and where ranks connected since (``reached``: those connected now; under plain torchrun
+        every rank's print fails, the ranks sharing its stdout)."""
+        broken = self.broken_streams()
+        if (broken and (broken != self._said or not reached <= self._reached)
+                and send(Command("close_output", streams=broken))):
+            self._said, self._reached = broken, reached
 
     def drain(self) -> None:
         """Copy everything there is: the job is over."""
@@ -165,17 +178,13 @@ def run_headless(proc: TrainingProcess, interval: float, err: Any = None, rules:
             exports.watch(lock, lambda: state, cfg=rules, send=source.send)
         follower = follow(source, state, lock)
         next_status = time.monotonic() + interval
-        closed: tuple[Stream, ...] = ()
         while proc.alive():
             if state.spawned and (job_dir := stepping_spawn(state.spawned)) is not None:
                 # the script spawned its ranks, and they train: follow them as a job from here
                 return _follow_spawned(proc, state, lock, follower, source, interval, err, rules, tail, exports,
                                        job_dir)
             tail.pump()
-            # `| head` left: the script's next print fails, as under plain python (it trained on unseen); said
-            # again at the next turn where the monitor was not connected yet
-            if (broken := tail.broken_streams()) != closed and source.send(Command("close_output", streams=broken)):
-                closed = broken
+            tail.break_job_streams(source.send)
             if time.monotonic() >= next_rules:
                 with lock:
                     new = engine.update(state)

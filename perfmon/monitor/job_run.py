@@ -16,7 +16,6 @@ from perfmon.analysis.job import JobState, WarningFeed, load_job, rank_rows, war
 from perfmon.analysis.job_report import format_job_summary, job_status_line, write_job_summaries
 from perfmon.analysis.report import ReportError
 from perfmon.analysis.rules import Config, evaluate_job
-from perfmon.messages.commands import Command, Stream
 from perfmon.monitor.exit_like import exit_status
 from perfmon.monitor.headless import ScriptOutput
 from perfmon.monitor.job_source import JobSource
@@ -138,16 +137,9 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
         next_status = next_rules = time.monotonic() + 1.0
         next_status += interval - 1.0
         relay_said: str | None = None
-        closed: tuple[Stream, ...] = ()
-        told: frozenset[int] = frozenset()
         while proc.alive():
             tail.pump()
-            # `| head` left: every rank's next print fails, as under plain torchrun (the ranks share its pipe); said
-            # again to ranks that connect later
-            if broken := tail.broken_streams():
-                ranks = frozenset(source.ranks_connected())
-                if (broken != closed or not ranks <= told) and source.send(Command("close_output", streams=broken)):
-                    closed, told = broken, ranks
+            tail.break_job_streams(source.send, frozenset(source.ranks_connected()))
             relay_error = getattr(node, "error", None)  # a relay that cannot reach or convince the hub
             if relay_error and relay_error != relay_said:
                 relay_said = relay_error

@@ -192,7 +192,7 @@ def _private_runtime_dir() -> Path | None:
             private = Path(tempfile.mkdtemp(prefix="perfmon-", dir=base))
         except OSError:
             continue
-        if paths.socket_fits(private) is None:
+        if paths.socket_overflow(private) is None:
             return private
         shutil.rmtree(private, ignore_errors=True)
     return None
