@@ -3,6 +3,7 @@
     perfmon [OPTIONS] SCRIPT [ARGS...]       dashboard of a training script
     perfmon [OPTIONS] -m MODULE [ARGS...]    like python -m
     perfmon [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS...]   every rank of a torchrun job
+    perfmon [OPTIONS] accelerate launch [OPTIONS] SCRIPT [ARGS...]   every process accelerate starts
     perfmon report RUN_DIR [--json]          summary of a recording
     perfmon serve [PID | RUN_DIR]            the dashboard in a browser
 
@@ -58,6 +59,7 @@ def _run_parser() -> _Parser:
         description="Live performance monitor for PyTorch training, in the terminal.",
         usage="perfmon [OPTIONS] SCRIPT [ARGS...] | perfmon [OPTIONS] -m MODULE [ARGS...] | "
         "perfmon [OPTIONS] torchrun [TORCHRUN OPTIONS] SCRIPT [ARGS...] | "
+        "perfmon [OPTIONS] accelerate launch [ACCELERATE OPTIONS] SCRIPT [ARGS...] | "
         "perfmon report RUN [--json] | perfmon trace PATH [--json] | perfmon ls | perfmon attach [PID|RUN] | "
         "perfmon replay RUN | perfmon serve [PID|RUN]",
         epilog="Options come before the script; everything after the script is passed to it untouched.",
@@ -564,7 +566,14 @@ def _main(argv: list[str] | None = None) -> int:
 
             print(HELP)
             return 0
-        target = Target(script=None, module=None, args=rest[1:], torchrun=True)
+        target = Target(script=None, module=None, args=rest[1:], launcher="torchrun")
+    elif args.module is None and rest[0] == "accelerate":
+        if rest[1:2] in (["-h"], ["--help"]) or rest[1:3] in (["launch", "-h"], ["launch", "--help"]):
+            from perfmon.agent.accelerate_launch import HELP
+
+            print(HELP)
+            return 0
+        target = Target(script=None, module=None, args=rest[1:], launcher="accelerate")
     else:
         target = Target(script=None if args.module else rest[0], module=args.module,
                         args=rest if args.module else rest[1:])
@@ -602,7 +611,7 @@ def _main(argv: list[str] | None = None) -> int:
     if no_terminal:  # said once the job runs (a run dir refused is one line alone)
         print("perfmon: no terminal (stdin/stdout is not a TTY): running headless; script output on stdout, "
               "status on stderr (--headless says so explicitly)", file=sys.stderr)
-    if args.headless and target.torchrun:
+    if args.headless and target.ranked:
         from perfmon.monitor.job_run import run_headless_job
 
         return run_headless_job(proc, args.interval, rules=rules, exports=exports)

@@ -168,6 +168,10 @@ def default_run_dir(target: str, root: Path | None = None, now: float | None = N
 
 #: Set by ``perfmon torchrun``: the job's workers record in ``RUN/rank-K/`` even when there is one of them.
 RANKS_ENV = "PERFMON_RANKS"
+#: Set by ``perfmon accelerate launch``: a process that no launcher gave a ``RANK`` (accelerate's simple launcher
+#: starts one) records as rank 0 of a world of one, as under ``perfmon torchrun --nproc_per_node 1``. perfmon's
+#: own variable: ``RANK``/``WORLD_SIZE`` would change what accelerate does in the script. The agent removes it.
+SOLE_RANK_ENV = "PERFMON_SOLE_RANK"
 #: Set by the launcher for the process it starts: its own pid.
 LAUNCHER_ENV = "PERFMON_LAUNCHER_PID"
 SAMPLE_INTERVAL_ENV = "PERFMON_SAMPLE_INTERVAL"
@@ -217,6 +221,9 @@ def placement(env: dict[str, str] | os._Environ[str] | None = None) -> dict[str,
     env = os.environ if env is None else env
     rank = _env_int(env, "RANK")
     world = _env_int(env, "WORLD_SIZE")
+    if (rank is None or world is None) and env.get(SOLE_RANK_ENV) == "1":
+        return {"rank": 0, "local_rank": 0, "world_size": 1, "local_world_size": 1, "node": 0,
+                "job_id": f"{os.getppid()}"}
     if rank is None or world is None:
         return {"rank": None, "local_rank": _env_int(env, "LOCAL_RANK"), "world_size": None,
                 "local_world_size": None, "node": None, "job_id": None}

@@ -193,7 +193,7 @@ def test_torchrun_script_knows_virtual_local_rank_is_a_flag() -> None:
     (["--nnodes", "2"], "torchrun"),
 ])
 def test_torchrun_target_is_named_by_its_script(args: list[str], name: str) -> None:
-    target = Target(script=None, module=None, args=args, torchrun=True)
+    target = Target(script=None, module=None, args=args, launcher="torchrun")
     assert target.name == name
     assert target.command("py") == ["py", "-m", "perfmon.agent.torchrun", *args]
 

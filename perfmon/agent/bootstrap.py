@@ -88,8 +88,9 @@ def start_agent(target: str, argv: list[str], module: bool = False, rank: Rank |
         # the launcher that started this process samples the host and GPUs from outside it and sends the readings
         fed = os.environ.get("PERFMON_SAMPLER") == "launcher" and os.environ.get(paths.LAUNCHER_ENV) == str(
             os.getppid())
-        agent = Agent(run_dir, _meta(target, argv, module, run_dir, rank),
-                      sample_interval=interval if interval > 0 else None, fed=fed)
+        meta = _meta(target, argv, module, run_dir, rank)
+        os.environ.pop(paths.SOLE_RANK_ENV, None)  # the processes this one starts are not rank 0
+        agent = Agent(run_dir, meta, sample_interval=interval if interval > 0 else None, fed=fed)
         agent.start()
     except Exception as exc:  # noqa: BLE001 - without an agent the script still runs
         say(f"perfmon: agent could not start ({exc}); running the script unmonitored")

@@ -120,7 +120,7 @@ def format_job_summary(job: JobState, summary: dict[str, Any]) -> str:
     argv = " ".join(s["argv"]) or s["script"] or "?"
     nodes = s["nodes"]
     here = f"{len(s['ranks'])} of {s['world_size']} ranks here, on" if len(s["ranks"]) < s["world_size"] else \
-        f"{s['world_size']} ranks on"
+        f"{s['world_size']} rank{'s' if s['world_size'] != 1 else ''} on"
     lines = [
         f"perfmon job summary: {argv}  ({here} {nodes} node{'s' if nodes != 1 else ''})",
         f"  run dir   {s['run_dir']}",

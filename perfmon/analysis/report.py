@@ -81,8 +81,9 @@ NO_STEPS = ("no training steps seen: no DataLoader fetch, module call and optimi
 
 #: Said instead where the job never imported torch: its training ran in processes perfmon did not start.
 NO_TORCH = ("no training steps seen: this process never imported torch. Training that a launcher runs in processes "
-            "of its own (accelerate launch, a subprocess) is not followed: run the training script itself under "
-            "perfmon (perfmon train.py; perfmon torchrun --nproc_per_node N train.py for several processes)")
+            "of its own (a subprocess) is not followed: run the training script itself under perfmon (perfmon "
+            "train.py; perfmon torchrun --nproc_per_node N train.py or perfmon accelerate launch train.py for the "
+            "processes those launchers start)")
 
 
 def no_steps(state: RunState) -> str:

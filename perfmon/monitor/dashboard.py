@@ -40,7 +40,7 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     from perfmon.tui.app import PerfmonApp
     from perfmon.tui.shell import SIGNALLED, SPAWNED, STOPPED
 
-    if proc.target.torchrun:
+    if proc.target.ranked:
         return _run_job_dashboard(proc, rules, exports)
     source = connect(proc)
     if not proc.alive() and not (proc.run_dir / "events.jsonl").exists():
@@ -170,8 +170,8 @@ def _wait_stopping(proc: TrainingProcess, grace: float = 10.0) -> None:
 
 
 def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any = None, nodes: bool = True) -> int:
-    """The dashboard over every rank of a ``perfmon torchrun`` job (``nodes`` False: ranks a script spawned, all
-    on this node)."""
+    """The dashboard over every rank of a ``perfmon torchrun`` or ``perfmon accelerate launch`` job (``nodes``
+    False: ranks a script spawned, all on this node)."""
     from perfmon.analysis.job import JobState
     from perfmon.monitor.job_run import finalize_job, job_source, start_nodes
     from perfmon.tui.app import PerfmonApp
@@ -193,7 +193,7 @@ def _run_job_dashboard(proc: TrainingProcess, rules: Config | None, exports: Any
     if node is not None and not (getattr(app, "outcome", "") == "detached" and proc.alive()):
         node.close()
     outcome = getattr(app, "outcome", "quit")
-    launcher = "torchrun" if nodes else "the script's"
+    launcher = (proc.target.launcher or "the script's") if nodes else "the script's"
     if outcome == "detached" and proc.alive():
         print(f"perfmon: detached; the job continues ({launcher} pid {proc.pid})\n"
               f"  come back: perfmon attach {proc.run_dir}\n"

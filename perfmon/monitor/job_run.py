@@ -38,6 +38,8 @@ def start_nodes(proc: TrainingProcess, source: JobSource) -> tuple[Any, str | No
     which; (None, None) for a job on one node."""
     from perfmon.monitor import multinode
 
+    if not proc.target.torchrun:  # several machines are torchrun's (`perfmon accelerate launch` refuses them)
+        return None, None
     try:
         node = multinode.start(proc.target.args, source, lambda: job_source(proc), proc.alive)
     except OSError as exc:

@@ -37,19 +37,34 @@ class LaunchError(Exception):
     """Bad target or options: one line for the user, exit status 2."""
 
 
+#: The launchers perfmon follows every rank of: what follows ``perfmon`` on the command line, and the module that
+#: runs it with the agent around each worker.
+LAUNCHERS = {"torchrun": "perfmon.agent.torchrun", "accelerate": "perfmon.agent.accelerate_launch"}
+
+
 @dataclass
 class Target:
     script: str | None
     module: str | None
     args: list[str] = field(default_factory=list)
-    #: ``perfmon torchrun ...``: ``args`` are torchrun's whole command line (its options, script, script args).
-    torchrun: bool = False
+    #: ``perfmon torchrun ...`` or ``perfmon accelerate launch ...``: ``args`` are the launcher's whole command
+    #: line after its name (its options, script, script args); its workers record as ranks.
+    launcher: str | None = None
+
+    @property
+    def torchrun(self) -> bool:
+        return self.launcher == "torchrun"
+
+    @property
+    def ranked(self) -> bool:
+        """The job is a launcher's workers, each recording as a rank (``RUN/rank-K/``)."""
+        return self.launcher is not None
 
     @property
     def name(self) -> str:
-        if self.torchrun:
-            found = torchrun_script(self.args)
-            return found[0] if found else "torchrun"
+        if self.launcher is not None:
+            found = launcher_script(self.launcher, self.args)
+            return found[0] if found else self.launcher
         return self.module or self.script or "run"
 
     def agent_argv(self) -> list[str]:
@@ -57,10 +72,31 @@ class Target:
         return [*head, *self.args]
 
     def command(self, python: str) -> list[str]:
-        """The job's command line: the agent around the script, or torchrun with the agent around each worker."""
-        if self.torchrun:
-            return [python, "-m", "perfmon.agent.torchrun", *self.args]
+        """The job's command line: the agent around the script, or the launcher with the agent around each
+        worker."""
+        if self.launcher is not None:
+            return [python, "-m", LAUNCHERS[self.launcher], *self.args]
         return [python, "-m", "perfmon.agent", *self.agent_argv()]
+
+
+def launcher_script(launcher: str, argv: list[str]) -> tuple[str, bool] | None:
+    """The script (or module: True) a launcher's command line names, or None."""
+    return torchrun_script(argv) if launcher == "torchrun" else accelerate_script(argv)
+
+
+def accelerate_script(argv: list[str]) -> tuple[str, bool] | None:
+    """The script (or ``-m`` module) in an ``accelerate launch ...`` command line (``argv`` from ``launch``):
+    the first word that names a ``.py`` file, else the word after ``-m``. For the run dir's name and early
+    checks only: the job parses the line with accelerate's own parser, whose options this does not know."""
+    words = argv[1:] if argv[:1] == ["launch"] else argv
+    for i, word in enumerate(words):
+        if word == "--":
+            break
+        if word.endswith(".py") and not word.startswith("-") and not (i and words[i - 1].startswith("--config")):
+            return word, False
+        if word in ("-m", "--module") and i + 1 < len(words) and not words[i + 1].startswith("-"):
+            return words[i + 1], True
+    return None
 
 
 #: torchrun options that are flags (torch.distributed.run's store_true options; every other option takes a value).
@@ -98,6 +134,9 @@ def _script_index(argv: list[str]) -> int | None:
 
 def check_target(target: Target, python: str | None) -> None:
     """Fail early, with one clear line, on a missing or unreadable script or module."""
+    if target.launcher == "accelerate":
+        _check_accelerate(target, python)
+        return
     if target.torchrun:
         found = torchrun_script(target.args)
         options = set(torchrun_options(target.args))
@@ -135,6 +174,27 @@ def check_target(target: Target, python: str | None) -> None:
             sys.path[:] = saved
         if not found:
             raise LaunchError(f"No module named '{top}'")
+    if python is not None:
+        check_interpreter(python)
+
+
+def _check_accelerate(target: Target, python: str | None) -> None:
+    if target.args[:1] != ["launch"]:
+        raise LaunchError("perfmon follows `accelerate launch` (perfmon accelerate launch [options] SCRIPT [ARGS...]); "
+                          "accelerate's other commands need no perfmon: run them as they are")
+    options = set(target.args)
+    if {"--no_python", "--no-python"} & options:
+        raise LaunchError("perfmon accelerate launch runs Python training scripts; --no_python starts a program "
+                          "perfmon cannot instrument")
+    found = accelerate_script(target.args)
+    if found is None:
+        raise LaunchError("perfmon accelerate launch: no training script given (perfmon accelerate launch "
+                          "[accelerate options] SCRIPT [ARGS...])")
+    if not found[1]:
+        check_target(Target(script=found[0], module=None), python)
+    if importlib.util.find_spec("accelerate") is None and python is None:
+        raise LaunchError(f"accelerate is not installed in {sys.executable}: pip install accelerate (or name the "
+                          "interpreter that has it: perfmon --python PATH accelerate launch ...)")
     if python is not None:
         check_interpreter(python)
 
@@ -321,7 +381,7 @@ class TrainingProcess:
         interval = paths.sample_interval(env)
         # one process we start ourselves and can reach: this launcher samples it (torchrun's ranks sample for
         # themselves: their pids are not ours to know here)
-        feed = interval > 0 and not self.target.torchrun and self.runtime_dir is not None
+        feed = interval > 0 and not self.target.ranked and self.runtime_dir is not None
         if feed:
             env["PERFMON_SAMPLER"] = "launcher"
         else:
