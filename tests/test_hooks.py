@@ -527,6 +527,33 @@ def test_a_model_built_after_the_first_is_found_when_its_optimizer_steps(acceler
 
 @pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=pytest.mark.skipif(
     accelerator() is None, reason="the C hot path was not built"))], ids=["python", "c"])
+def test_a_new_model_of_the_same_class_per_fold_is_the_root_in_its_turn(accelerated):
+    """k-fold cross-validation, a hyperparameter search: a new model of the same class per fold, the last one freed.
+    The new model's calls went through its class's root wrapper, which discovery never saw (no candidate: the model
+    facts were of the first fold alone, or of no model at all once it was freed), and a freed root's id, which
+    CPython gives the next model of the same size, read as that root's. Every fold's model is the root in its turn,
+    and a freed one is no root."""
+    import gc
+
+    rec = Recorder()
+    inst = Instrumentation(rec.emit, lambda where, exc: rec.errors.append((where, exc)), accelerated=accelerated)
+    inst.install()
+    try:
+        for fold in range(4):
+            model = mlp()
+            train(model, torch.optim.Adam(model.parameters(), lr=0.1), 3)
+            assert inst.roots == [model], f"fold {fold}"
+            del model
+            gc.collect()
+            assert inst.roots == []
+    finally:
+        inst.uninstall()
+    assert rec.errors == [] and rec.steps() == 12
+    assert inst._root_refs == {}  # every freed root forgotten: its id may be the next model's
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=pytest.mark.skipif(
+    accelerator() is None, reason="the C hot path was not built"))], ids=["python", "c"])
 def test_fetches_and_saves_on_other_threads_overlap_the_steps_instead_of_joining_them(accelerated, tmp_path):
     """A prefetching thread (prefetch_generator's BackgroundGenerator, as many repos vendor it) fetches while the
     training thread steps, and an executor saves checkpoints meanwhile: neither touches the training thread's

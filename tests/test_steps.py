@@ -340,6 +340,66 @@ def test_wgan_without_a_dataloader_is_one_step_a_batch(first_g):
     assert len(s.run()) == 15
 
 
+def stylegan_batch(s: Seq, d_reg: bool, g_reg: bool) -> Seq:
+    """rosinality's stylegan2 train loop: a fetch, D's update, again with lazy R1 regularization every n batches
+    (``d_reg``), G's update, again with path length regularization every m (``g_reg``); each extra update with a
+    forward and a backward of its own."""
+    s.phase("data", 1, 8)
+    s.forward(1, "G").forward(1, "D").phase("backward", 1).phase("optimizer", 1, opt="optD")
+    if d_reg:
+        s.forward(1, "D").phase("backward", 1).phase("optimizer", 1, opt="optD")
+    s.forward(1, "G").forward(1, "D").phase("backward", 1).phase("optimizer", 1, opt="optG")
+    if g_reg:
+        s.forward(1, "G").phase("backward", 1).phase("optimizer", 1, opt="optG")
+    return s
+
+
+@pytest.mark.parametrize(("phase", "first"), [(2, 0), (1, 2), (0, 2)], ids=["from-batch-2", "batch-1", "batch-0"])
+def test_a_second_update_in_a_batch_of_a_dataloader_loop_is_the_same_step(phase, first):
+    """Iterations that begin with a fetch end at the next fetch: a second update of D or G in a batch (StyleGAN's
+    lazy regularization) was a step of its own (158 steps for 120 batches). From the third batch on: until two
+    batches in a row began at a fetch, nothing says that the fetch begins the iterations (a batch fetched once and
+    trained on many times looks the same; so does a validation DataLoader between epochs of training on tensors),
+    so a second update in batch 0 or 1 still begins a step (rosinality's loop regularizes in batch 0: ``first``
+    more steps)."""
+    s = Seq().built("optD", "optG")  # before the loop, as the scripts build them
+    for i in range(24):
+        stylegan_batch(s, i % 4 == phase, i % 3 == phase)
+    steps = s.run()
+    assert len(steps) == 24 + first
+    whole = [r for r in steps if r.samples == 8 and r.phases["forward"] > 0.0035]  # the batches not split
+    assert len(whole) == 24 - (first > 0)
+    assert sum(r.phases["optimizer"] for r in steps) == pytest.approx(
+        0.001 * sum(2 + (i % 4 == phase) + (i % 3 == phase) for i in range(24)))
+    later = steps[-(24 - 2):]  # batches 2..23: one step each, with its extra updates
+    assert [round(r.phases["optimizer"] * 1000) for r in later] == [
+        2 + (i % 4 == phase) + (i % 3 == phase) for i in range(2, 24)]
+
+
+def test_a_batch_fetched_once_and_trained_on_many_times_is_a_step_an_update():
+    """One fetch, then updates without fetching (overfitting one batch, Karpathy's first check): every update is an
+    iteration, as before."""
+    s = Seq().mark(OPTIMIZER_CREATED).phase("data", 1, 8)
+    for _ in range(10):
+        s.forward(1).phase("backward", 1).phase("optimizer", 1)
+    assert len(s.run()) == 10
+
+
+@pytest.mark.parametrize("first_eval", [False, True], ids=["after-each-epoch", "after-the-first-update-too"])
+def test_an_evaluation_loader_between_epochs_does_not_make_the_training_one_step(first_eval):
+    """Training on tensors, a validation DataLoader every epoch (and after the first update: a script that
+    evaluates at step % N == 0): the step after a validation begins at a fetch, the one before it did not, so a
+    second update there begins a step as in any loop without a DataLoader."""
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for epoch in range(3):
+        for i in range(6):
+            s.forward(1).phase("backward", 1).phase("optimizer", 1)
+            if (first_eval and epoch == 0 and i == 0) or i == 5:
+                for _ in range(2):
+                    s.phase("data", 1, 8).nograd_forward(1)
+    assert len(s.run()) == 18
+
+
 def test_an_optimizer_built_and_never_stepped_is_waited_for_a_while_only():
     """Built and never used (or used much later): while it is waited for, the loop's one optimizer ends no step
     at once (no fast path); after UNSTEPPED_PATIENCE steps the loop is the other's again."""

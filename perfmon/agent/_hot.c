@@ -51,7 +51,7 @@
 #define TAG_OPTIMIZER 5  /* ("optimizer", id(ptr)) */
 
 static PyObject *s_on_error, *s_hooks, *s_begin, *s_end, *s_finish_discovery, *s_boundary, *s_note_optimizer,
-    *s_wrap_closure, *s_emit, *s_closure, *s_size, *s_values, *s_key, *s_after_count, *s_training;
+    *s_root_class_call, *s_wrap_closure, *s_emit, *s_closure, *s_size, *s_values, *s_key, *s_after_count, *s_training;
 static PyObject *kw_key;  /* ("key",) */
 static PyObject *phase_names[4];
 static PyObject *codes[8];
@@ -1187,6 +1187,13 @@ static PyObject *Forward_vectorcall(PyObject *op, PyObject *const *args, size_t 
     if (st->in_root || st->in_data || st->in_backward) return call_orig(orig, mod, args[2], args[3]);
     if (st->train_thread != 0 && st->train_thread != PyThread_get_thread_ident())  /* not the training thread */
         return call_orig(orig, mod, args[2], args[3]);
+    if (st->discovering) {  /* discovery again: an instance of a root's class may be a new model (the next trial's) */
+        PyObject *dyn = eager_begin();
+        PyObject *r = PyObject_CallMethodOneArg(inst, s_root_class_call, mod);
+        eager_end(dyn);
+        if (r == NULL) report(inst);
+        Py_XDECREF(r);
+    }
 
     /* begin */
     PyObject *grad = PyObject_CallNoArgs(self->grad_enabled);
@@ -1732,7 +1739,7 @@ static struct PyModuleDef hot_module = {
 PyMODINIT_FUNC PyInit__hot(void) {
     INTERN(s_on_error, "_on_error"); INTERN(s_hooks, "hooks"); INTERN(s_begin, "begin"); INTERN(s_end, "end");
     INTERN(s_finish_discovery, "finish_discovery"); INTERN(s_boundary, "_boundary");
-    INTERN(s_note_optimizer, "_note_optimizer");
+    INTERN(s_note_optimizer, "_note_optimizer"); INTERN(s_root_class_call, "_root_class_call");
     INTERN(s_wrap_closure, "wrap_closure"); INTERN(s_closure, "closure"); INTERN(s_emit, "_emit"); INTERN(s_size, "size"); INTERN(s_values, "values");
     INTERN(s_key, "key"); INTERN(s_after_count, "after_count"); INTERN(s_training, "training");
     INTERN(s_index, "index"); INTERN(s_start, "start"); INTERN(s_phases, "phases");

@@ -202,6 +202,7 @@ class Instrumentation:
         self._root_refs: dict[int, weakref.ref[torch.nn.Module]] = {}
         self.compiled = False  # torch.compile was called: a FLOP count would run a compiled step eagerly
         self._roots: list[weakref.ref[torch.nn.Module]] = []
+        self._rooted = False  # discovery found a root once (they may all have died since: a model per trial)
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._optimizer_ids: set[int] = set()  # ids of ``optimizers``: the step hook's cheap "seen it" test
         self.loaders: dict[int, dict[str, Any]] = {}
@@ -603,7 +604,7 @@ class Instrumentation:
         if not self.bounds.optimizers_seen:  # from now on a backward does not end a step
             self.bounds.optimizers_seen = True
             self._emit(OPTIMIZER_CREATED, None)
-        elif self._roots and not self.bounds.discovering and self._trains_outside_roots(opt):
+        elif self._rooted and not self.bounds.discovering and self._trains_outside_roots(opt):
             self._rediscover()
 
     def _trains_outside_roots(self, opt: Any) -> bool:
@@ -901,6 +902,27 @@ class Instrumentation:
         """The script compiled something (``torch.compile``), or a model it trains is compiled (``model.compile()``)."""
         return self.compiled or any(_compiled_module(root) for root in self.roots)
 
+    def _root_class_call(self, mod: torch.nn.Module) -> None:
+        """A top-level call of a root's class while discovering (again: a new optimizer): an instance that is no root
+        is a candidate, like any module's call (the next fold's or trial's model, of the same class, which the
+        class's root wrapper times but discovery would never see: its wrapper is not called for it)."""
+        try:
+            if not self._module_depth and not self._is_root(mod) and torch.is_grad_enabled():
+                self._candidates.setdefault(id(mod), mod)
+                self._top_calls += 1
+        except Exception as exc:  # noqa: BLE001 - never into training
+            self._on_error("hooks:discovery", exc)
+
+    def _forget_root(self, key: int, ref: weakref.ref[torch.nn.Module]) -> None:
+        """A root was freed: its id may be the next model's (CPython reuses the memory of a model of the same size,
+        a new one per fold or trial), which discovery would then take for the dead root's and never find."""
+        try:
+            if self._root_refs.get(key) is ref:
+                del self._root_refs[key]
+            self._roots.remove(ref)
+        except Exception:  # noqa: BLE001 - a weakref callback must not raise (python prints it on stderr)
+            pass
+
     def _is_root(self, module: Any) -> bool:
         ref = self._root_refs.get(id(module))
         return ref is not None and ref() is module
@@ -1018,9 +1040,11 @@ class Instrumentation:
         """Time every call of ``module`` (that instance only) as a forward phase."""
         if self._is_root(module):
             return
-        ref = weakref.ref(module)
-        self._root_refs[id(module)] = ref
+        key = id(module)
+        ref = weakref.ref(module, lambda dead: self._forget_root(key, dead))
+        self._root_refs[key] = ref
         self._roots.append(ref)
+        self._rooted = True
         cls = type(module)
         if cls in self._calls:
             return
@@ -1051,6 +1075,8 @@ class Instrumentation:
                     return orig(mod, *args, **kwargs)
                 if bounds.in_root or bounds.in_data or bounds.in_backward or bounds.train_thread != get_ident():
                     return orig(mod, *args, **kwargs)
+                if bounds.discovering:
+                    inst._root_class_call(mod)
                 key = id(mod)
                 if grad_enabled():
                     kind = grad_kind(mod)

@@ -93,7 +93,7 @@ class Boundaries(HotState):
     was built (``native.HotState``).
     """
 
-    __slots__ = ("stepped", "cycle", "loader_loop", "keys", "unstepped", "waited")
+    __slots__ = ("stepped", "cycle", "loader_loop", "keys", "unstepped", "waited", "fetch_led", "fetch_led_before")
 
     # optimizers_seen: an optimizer exists or has stepped; until then a backward ends a step
 
@@ -112,6 +112,10 @@ class Boundaries(HotState):
         #: next, while one is left; for UNSTEPPED_PATIENCE steps at most (an optimizer built and never used)
         self.unstepped: set[Any] = set()
         self.waited = 0  # steps ended while an optimizer was unstepped
+        #: this step began at a DataLoader fetch (the fetch ended the last one), and so did the one before it (not
+        #: known of the first step: its fetch never asks Boundaries, nothing was pending)
+        self.fetch_led = False
+        self.fetch_led_before = False
 
     def begin(self, phase: str, key: Any = None) -> bool:
         """``key``: the optimizer for an optimizer phase, the forward kind (GRAD, NOGRAD, COPY) for a forward."""
@@ -127,12 +131,16 @@ class Boundaries(HotState):
                     commit = (not self.loader_loop and self.cycle is not None and self.stepped >= self.cycle
                               and not self.unstepped)
             elif phase == "optimizer":
-                commit = key in self.stepped
+                # an optimizer's second update begins the next iteration, except where this iteration and the one
+                # before began with a fetch: then the next fetch begins it, and a second update per batch is the
+                # loop's own (a GAN's lazy regularization: StyleGAN's extra D and G updates every n batches)
+                commit = key in self.stepped and not (self.fetch_led and self.fetch_led_before)
             if commit:
                 if self.cycle is None and self.optimizers_seen:
                     self.cycle = frozenset(self.stepped)
                 self.stepped = set()
                 self.pending = False
+                self.fetch_led_before, self.fetch_led = self.fetch_led, phase == "data"
                 if self.unstepped:
                     self.waited += 1
                     if self.waited > UNSTEPPED_PATIENCE:  # never used: the loop is the others'
@@ -159,6 +167,7 @@ class Boundaries(HotState):
             return False
         self.stepped = set()
         self.pending = False
+        self.fetch_led_before, self.fetch_led = self.fetch_led, False
         return True
 
     def end(self, phase: str, key: Any = None) -> bool:
