@@ -291,7 +291,8 @@ def _ls(argv: list[str]) -> int:
               f"{' '.join(r.get('argv') or [str(r.get('script'))])}\n{'':>51}{r.get('run_dir')}")
         if r.get("ranks"):
             ranks = r["ranks"]
-            print(f"{'':>51}job of {len(ranks)}/{r.get('world_size') or '?'} ranks on this machine: " + ", ".join(
+            world = r.get("world_size") or "?"
+            print(f"{'':>51}job of {len(ranks)}/{world} rank{'' if world == 1 else 's'} on this machine: " + ", ".join(
                 f"rank {k.get('rank')} pid {k.get('pid')} step {k.get('steps', '?')}" for k in ranks))
     return 0
 

@@ -35,6 +35,7 @@ STEPS_PER_EPOCH = 1024 // 32
     (["launch", "-m", "pkg.train", "--epochs", "3"], ("pkg.train", True)),
     (["launch", "--num_processes", "2", "--module", "pkg.train"], ("pkg.train", True)),
     (["launch", "--cpu"], None),
+    (["launch", "--cpu", "./train"], None),  # not named .py: the job's accelerate parses it (no early check)
 ])
 def test_the_script_of_an_accelerate_command_line(argv, found):
     assert accelerate_script(argv) == found

@@ -187,10 +187,10 @@ def _check_accelerate(target: Target, python: str | None) -> None:
         raise LaunchError("perfmon accelerate launch runs Python training scripts; --no_python starts a program "
                           "perfmon cannot instrument")
     found = accelerate_script(target.args)
-    if found is None:
+    if found is None and all(word.startswith("-") for word in target.args[1:]):
         raise LaunchError("perfmon accelerate launch: no training script given (perfmon accelerate launch "
                           "[accelerate options] SCRIPT [ARGS...])")
-    if not found[1]:
+    if found is not None and not found[1]:  # (a script not named .py: accelerate's own parser finds it)
         check_target(Target(script=found[0], module=None), python)
     if importlib.util.find_spec("accelerate") is None and python is None:
         raise LaunchError(f"accelerate is not installed in {sys.executable}: pip install accelerate (or name the "
