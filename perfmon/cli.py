@@ -147,6 +147,26 @@ def _strip_python(args: argparse.Namespace, rest: list[str]) -> list[str]:
     return rest
 
 
+#: The launchers perfmon follows every worker of, however they are named: their modules and console scripts.
+_LAUNCHER_MODULES = {"torch.distributed.run": ["torchrun"], "accelerate.commands.launch": ["accelerate", "launch"]}
+
+
+def _launcher(module: str | None, rest: list[str]) -> list[str] | None:
+    """``-m torch.distributed.run ...``, ``-m accelerate.commands.launch ...``, or a path to the ``torchrun`` or
+    ``accelerate`` console script (``perfmon $(which torchrun) ...``), as ``torchrun ...`` or ``accelerate
+    launch ...``: perfmon follows the workers, instead of running the launcher itself under the agent (whose
+    process trains nothing). None for anything else."""
+    if module is not None:
+        head = _LAUNCHER_MODULES.get(module)
+        return None if head is None else [*head, *rest]
+    if not rest or os.sep not in rest[0] or not os.path.isfile(rest[0]) or rest[0].endswith(".py"):
+        return None
+    name = os.path.basename(rest[0])
+    if name == "torchrun" or (name == "accelerate" and rest[1:2] == ["launch"]):
+        return [name, *rest[1:]]
+    return None
+
+
 #: python's options that have an environment form perfmon passes on to the job
 _ENV_FORMS = {"-u": "PYTHONUNBUFFERED=1", "-W": "PYTHONWARNINGS", "-X": "PYTHONDEVMODE=1 (-X dev) or the PYTHON* "
               "variable of the -X option", "-O": "PYTHONOPTIMIZE=1", "-OO": "PYTHONOPTIMIZE=2",
@@ -561,6 +581,9 @@ def _main(argv: list[str] | None = None) -> int:
     from perfmon.monitor.launch import LaunchError, Target, TrainingProcess, check_target, same_destination
     from perfmon.paths import default_run_dir
 
+    launcher = _launcher(args.module, rest)
+    if launcher is not None:
+        args.module, rest = None, launcher
     if args.module is None and rest[0] == "torchrun":
         if rest[1:2] in (["-h"], ["--help"]):
             from perfmon.agent.torchrun import HELP

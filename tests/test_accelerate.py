@@ -41,6 +41,25 @@ def test_the_script_of_an_accelerate_command_line(argv, found):
     assert accelerate_script(argv) == found
 
 
+def test_a_launcher_named_as_a_module_or_a_console_script_is_followed(tmp_path):
+    """``perfmon -m torch.distributed.run ...`` or ``perfmon $(which accelerate) launch ...`` ran the launcher under
+    the agent: its own process trains nothing, and its workers were not followed."""
+    from perfmon.cli import _launcher
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("torchrun", "accelerate"):
+        (bin_dir / name).write_text("#!/usr/bin/env python\n")
+    assert _launcher("torch.distributed.run", ["--nproc-per-node", "2", "t.py"]) == [
+        "torchrun", "--nproc-per-node", "2", "t.py"]
+    assert _launcher("accelerate.commands.launch", ["--cpu", "t.py"]) == ["accelerate", "launch", "--cpu", "t.py"]
+    assert _launcher(None, [str(bin_dir / "torchrun"), "t.py"]) == ["torchrun", "t.py"]
+    assert _launcher(None, [str(bin_dir / "accelerate"), "launch", "t.py"]) == ["accelerate", "launch", "t.py"]
+    assert _launcher(None, [str(bin_dir / "accelerate"), "env"]) is None  # not a launch
+    assert _launcher("mypkg.train", ["--lr", "1"]) is None
+    assert _launcher(None, ["torchrun.py"]) is None and _launcher(None, ["train.py"]) is None
+
+
 def test_the_run_dir_and_the_command_of_an_accelerate_job():
     target = Target(script=None, module=None, args=["launch", "--cpu", "dir/train.py", "--lr", "1"],
                     launcher="accelerate")
