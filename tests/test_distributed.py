@@ -267,7 +267,9 @@ def test_a_spawned_rank_that_fails_is_named_and_its_traceback_is_the_scripts(tmp
     prints it (no frame of perfmon's: the rank's function is called from C), and the job summary names it."""
     script = tmp_path / "fails.py"
     script.write_text(SPAWN_FAIL_SCRIPT)
-    res = perfmon(["--headless", "--run-dir", str(tmp_path / "run"), str(script)], env, timeout=180)
+    # no status line: on a loaded host the job outlasts the default 10 s, and the line is perfmon's, not the traceback's
+    res = perfmon(["--headless", "--interval", "3600", "--run-dir", str(tmp_path / "run"), str(script)], env,
+                  timeout=180)
     assert res.returncode == 1, res.stderr[-3000:]
     traceback_text = res.stderr[:res.stderr.index("perfmon job summary")]
     assert "RuntimeError: rank 1 broke at step 3" in traceback_text and "in train" in traceback_text
