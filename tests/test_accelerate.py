@@ -1,7 +1,7 @@
 """``perfmon accelerate launch ...``: Hugging Face accelerate's own launch command with the agent around each
 process it starts, compared with the same ``accelerate launch`` without perfmon (output, exit status, the weights
 the script saves, the steps it counts), on its simple launcher (one process, rank 0 of a world of one) and on
-torchrun (``--multi_gpu --num_processes 2`` runs gloo ranks on a CPU machine too); and the command lines it refuses,
+torchrun (``--multi_gpu --num_processes 2`` runs two workers on a CPU machine too); and the command lines it refuses,
 each with one line."""
 
 from __future__ import annotations
@@ -163,16 +163,17 @@ def test_a_crashing_script_fails_as_under_plain_accelerate_and_is_named(env, tmp
 
 
 @pytest.mark.e2e
-def test_torchrun_workers_are_ranks(env, tmp_path):  # noqa: F811
-    """``--multi_gpu`` is accelerate's torchrun: on a machine without GPUs its workers still run (gloo), each
-    counting the whole dataset (no process group: accelerate sees no GPU), each recorded as its rank."""
+def test_torchrun_workers_are_ranks_of_one_process_group(env, tmp_path):  # noqa: F811
+    """``--multi_gpu`` is accelerate's torchrun; with ``ACCELERATE_USE_CPU=true`` its workers are two gloo ranks of
+    one process group on a machine without GPUs (without it, each is a process of its own to accelerate), each
+    training on half of every epoch, each recorded as its rank."""
     args = ["--multi_gpu", "--num_processes", "2", "--main_process_port", "0", "--num_machines", "1",
             "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT), "--epochs", "1"]
-    res = under_perfmon(tmp_path / "run", args, env, tmp_path)
+    res = under_perfmon(tmp_path / "run", args, dict(env, ACCELERATE_USE_CPU="true"), tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    counted = [int(n) for _index, _world, n in DONE.findall(res.stdout)]  # each says "0/1": no process group
+    half = STEPS_PER_EPOCH // 2
+    assert sorted(DONE.findall(res.stdout)) == [("0", "2", str(half)), ("1", "2", str(half))]
     summary = report(tmp_path / "run", env)
     assert summary["world_size"] == 2 and summary["exit_code"] == 0
-    assert {r["rank"]: r["steps"] for r in summary["ranks"]} == {0: STEPS_PER_EPOCH, 1: STEPS_PER_EPOCH}
-    assert counted == [STEPS_PER_EPOCH, STEPS_PER_EPOCH]
+    assert {r["rank"]: r["steps"] for r in summary["ranks"]} == {0: half, 1: half}
     assert "(2 ranks on 1 node)" in res.stderr

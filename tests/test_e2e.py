@@ -1418,14 +1418,15 @@ def test_python_dev_mode_shows_no_warning_of_perfmons_own(env, tmp_path):
     ("pkg", "No module named pkg.__main__; 'pkg' is a package and cannot be directly executed"),
 ])
 def test_a_module_runpy_cannot_run_is_one_line_not_a_traceback(env, tmp_path, module, said):
-    """``-m pkg.missing`` (its package exists) and ``-m pkg`` without ``__main__``: python says one line; perfmon
-    printed runpy's traceback."""
+    """``-m pkg.missing`` (its package exists) and ``-m pkg`` without ``__main__``: python says one line and exits 1;
+    perfmon printed runpy's traceback (then its own line and exit status 2, which a launcher above the worker
+    reported as the script's: accelerate's "returned non-zero exit status 2")."""
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     plain = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert plain.returncode == 1 and plain.stderr.strip().endswith(said)
     res = headless(tmp_path / "run", module, env=env, cwd=tmp_path)
-    assert res.returncode == 2 and f"perfmon: error: {said}\n" in res.stderr and "Traceback" not in res.stderr
+    assert res.returncode == 1 and f"{sys.executable}: {said}\n" in res.stderr and "Traceback" not in res.stderr
 
 
 #: Daemon-style code: every inherited descriptor closed, then files of its own opened (on the same numbers).

@@ -4,6 +4,7 @@ evaluation gathered across processes, the unwrapped model saved by the main proc
     accelerate launch --cpu demos/accelerate/train_accelerate.py --epochs 2
     perfmon accelerate launch --cpu demos/accelerate/train_accelerate.py --epochs 2
     perfmon accelerate launch --multi_gpu --num_processes 2 demos/accelerate/train_accelerate.py
+    ACCELERATE_USE_CPU=true perfmon accelerate launch --multi_gpu --num_processes 2 ...   (gloo ranks on a CPU)
 """
 
 from __future__ import annotations

@@ -120,9 +120,10 @@ def main(argv: list[str]) -> int:
     except ImportError as exc:
         if module is not None and _trim(exc.__traceback__) is None:
             # runpy's own: no such module (``pkg.missing`` too, once ``pkg`` imported), or a package without a
-            # ``__main__``: one line, as python's ``-m`` says it, not a traceback through runpy
-            print(f"perfmon: error: {exc}", file=sys.stderr)
-            exit_info.update(code=2, exception=f"ImportError: {exc}")
+            # ``__main__``: one line and exit status 1, as python's ``-m`` says it (a launcher reports the status:
+            # accelerate's "returned non-zero exit status 1"), not a traceback through runpy
+            print(f"{sys.executable}: {exc}", file=sys.stderr)
+            exit_info.update(code=1, exception=f"ImportError: {exc}")
         else:
             exit_info.update(_exception_info(exc))
     except BaseException as exc:  # noqa: BLE001 - report it exactly as python would
