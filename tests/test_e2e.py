@@ -1516,6 +1516,75 @@ def test_sigterm_to_training_process_gives_143_and_live_status(background, env, 
     assert leftovers(env, bg.train_pid) == []
 
 
+#: A rank whose main thread waits in C code that retries on EINTR (a store waiting for peers that never come, as
+#: ``init_process_group`` does when another rank failed): python's SIGTERM handler never gets to run there.
+HELD_IN_C = """
+import datetime
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+print("waiting for peers", flush=True)
+torch.distributed.TCPStore("127.0.0.1", 0, world_size=2, is_master=True, wait_for_workers=True,
+                           timeout=datetime.timedelta(seconds=120))
+"""
+
+
+def test_sigterm_ends_a_job_held_in_c_code_at_once_as_under_plain_python(background, env, tmp_path):
+    """Plain python dies of SIGTERM at once wherever its main thread is; perfmon's handler (python-level, to record
+    the exit) waited for a bytecode the held thread never ran: torchrun waited 30 s and sent SIGKILL, and here the
+    job waited for the store's 120 s. perfmon's watcher thread finishes the job instead, half a second on."""
+    (tmp_path / "held.py").write_text(HELD_IN_C)
+    run = tmp_path / "run"
+    bg = background(["--headless", "--interval", "3600", "--run-dir", str(run), "held.py"], cwd=tmp_path)
+    bg.train_pid = hello_pid(run)
+    wait_for(lambda: "waiting for peers" in bg.stdout, "the job to wait in the store")
+    os.kill(bg.train_pid, signal.SIGTERM)
+    assert bg.wait(timeout=60) == -signal.SIGTERM, bg.stderr  # the store's timeout is 120 s
+    rep = report(run, env)
+    assert rep["exit_code"] == 143 and rep["signal"] == "SIGTERM" and rep["steps"] == 3  # recorded by the job
+    assert leftovers(env, bg.train_pid) == []
+
+
+#: A forked child with a SIGTERM handler of its own, sent SIGTERM by its parent, which trains on for a second after.
+CHILD_HANDLES_SIGTERM = """
+import os, signal, time
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    signal.signal(signal.SIGTERM, lambda sig, frame: os._exit(7))
+    os.write(w, b"x")
+    time.sleep(60)
+    os._exit(1)
+os.read(r, 1)
+os.kill(pid, signal.SIGTERM)
+print("child", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+end = time.monotonic() + 1.5
+while time.monotonic() < end:
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(0.01)
+print("parent done", flush=True)
+print("wakeup fd", signal.set_wakeup_fd(-1))  # none of the script's: -1, as under plain python
+"""
+
+
+def test_a_forked_childs_own_sigterm_is_not_the_parents(env, tmp_path):
+    """Python's wakeup fd, which tells perfmon's watcher that a SIGTERM came, survives a fork: a child's own handler
+    would write to the parent's pipe, and the watcher would end the parent. A forked child sets it back."""
+    plain, res, run = plain_and_headless(CHILD_HANDLES_SIGTERM, "child_sigterm.py", env, tmp_path)
+    assert plain.returncode == res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout == plain.stdout == "child 7\nparent done\nwakeup fd -1\n"
+    assert report(run, env)["signal"] is None
+
+
 #: A script that handles preemption as training scripts do: SIGUSR1 is a notice (noted, training goes on), SIGTERM
 #: ends the loop, a checkpoint is saved, exit 0.
 PREEMPTIBLE = """

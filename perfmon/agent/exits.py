@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -33,6 +34,9 @@ def install_sigterm(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -
     if current is not signal.SIG_DFL and not is_perfmon(current):
         return
 
+    claim = threading.Lock()  # who finishes: the handler, or the watcher where the main thread is held in C code
+    exit_info = {"code": None, "signal": "SIGTERM", "exception": None, "traceback": None}
+
     def handler(signum: int, frame: Any) -> None:
         if os.getpid() != agent.pid:  # a forked child that inherited it: what SIG_DFL does
             _die()
@@ -41,7 +45,9 @@ def install_sigterm(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -
             return  # called by a handler that held on to it somehow: under plain python there was nothing to call
         if agent.defer_while_publishing(lambda: handler(signum, frame)):
             return  # it landed inside publish(): finish when that returns, or the publisher's steps are lost
-        finish(agent, {"code": None, "signal": "SIGTERM", "exception": None, "traceback": None})
+        if not claim.acquire(blocking=False):
+            return  # the watcher is finishing: it ends the process
+        finish(agent, exit_info)
         _die()
 
     setattr(handler, _MARK, True)
@@ -49,6 +55,8 @@ def install_sigterm(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -
         original(signal.signal)(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
         return
+    _watch(agent, lambda: original(signal.getsignal)(signal.SIGTERM) is handler and claim.acquire(blocking=False),
+           lambda: finish(agent, exit_info))
     global _reset_at_fork
     if not _reset_at_fork:
         # A forked child gets SIG_DFL at once, as under plain python: with a Python-level handler a SIGTERM that
@@ -60,6 +68,56 @@ def install_sigterm(agent: Any, finish: Callable[[Any, dict[str, Any]], None]) -
 
 
 _reset_at_fork = False
+
+#: How long the watcher leaves a SIGTERM to the main thread's handler before it finishes the job itself.
+SIGTERM_GRACE_S = 0.5
+_wakeup: list[int] = []  # the write end of the watcher's pipe, while it is python's wakeup fd
+
+
+def _watch(agent: Any, claim: Callable[[], bool], finish: Callable[[], None]) -> None:
+    """A thread that finishes the job on SIGTERM where the main thread cannot. Python runs a signal handler on the
+    main thread at its next bytecode; a main thread held in a C call that retries on EINTR (a rank waiting for its
+    peers in ``init_process_group``, a store's wait, a hung collective) never gets there, while plain python dies at
+    once: torchrun then waited its 30 s and sent SIGKILL. Python's wakeup fd tells this thread that a signal came;
+    if the handler has not taken it within SIGTERM_GRACE_S, the thread records the exit and dies of SIGTERM. Not
+    where the script or a library set a wakeup fd already, or once the script has a SIGTERM handler of its own. It
+    blocks in a read: no wake-up costs the job anything until a signal comes."""
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return
+    try:
+        os.set_blocking(w, False)
+        previous = original(signal.set_wakeup_fd)(w, warn_on_full_buffer=False)
+    except (OSError, ValueError):  # not the main thread
+        os.close(r)
+        os.close(w)
+        return
+    if previous != -1:  # someone else's: theirs it stays
+        original(signal.set_wakeup_fd)(previous)
+        os.close(r)
+        os.close(w)
+        return
+    _wakeup[:] = [w]
+
+    def run() -> None:
+        while True:
+            try:
+                got = os.read(r, 512)
+            except OSError:
+                return
+            if not got:
+                return
+            if signal.SIGTERM not in got or os.getpid() != agent.pid:
+                continue
+            threading.Event().wait(SIGTERM_GRACE_S)
+            if claim():  # the handler has not run: the main thread is held in C code
+                try:
+                    finish()
+                finally:
+                    _die_from_any_thread()
+
+    threading.Thread(target=run, name="perfmon-sigterm", daemon=True).start()
 
 
 #: signals whose default action ends the process
@@ -183,12 +241,17 @@ def install_own_session(agent: Any) -> None:
 
 
 def reset_inherited() -> None:
-    """In a forked child starting an agent of its own: the inherited handler goes (the child's own replaces it)."""
-    if is_perfmon(original(signal.getsignal)(signal.SIGTERM)):
-        try:
+    """In a forked child starting an agent of its own: the inherited handler goes (the child's own replaces it), and
+    so does the parent's wakeup fd (a signal the child handles would read, to the parent's watcher, as its own)."""
+    try:
+        if is_perfmon(original(signal.getsignal)(signal.SIGTERM)):
             original(signal.signal)(signal.SIGTERM, signal.SIG_DFL)
-        except ValueError:  # not the main thread
-            pass
+        if _wakeup:
+            previous = original(signal.set_wakeup_fd)(-1)
+            if previous not in (_wakeup[0], -1):
+                original(signal.set_wakeup_fd)(previous)  # the script's own, set since: a fork keeps it, as under plain python
+    except ValueError:  # not the main thread
+        pass
 
 
 def _die() -> None:
@@ -196,8 +259,25 @@ def _die() -> None:
     original(os.kill)(os.getpid(), signal.SIGTERM)
 
 
+def _die_from_any_thread() -> None:
+    """Die of SIGTERM from a thread that is not the main one, where ``signal.signal`` refuses: SIG_DFL through libc
+    (SIGKILL where that cannot be done: the process must end)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(int(signal.SIGTERM), None)  # SIG_DFL
+        original(os.kill)(os.getpid(), signal.SIGTERM)
+        threading.Event().wait(2.0)
+    finally:
+        original(os.kill)(os.getpid(), signal.SIGKILL)
+
+
 def _hide() -> None:
-    """``signal.getsignal`` and ``signal.signal`` report SIG_DFL where perfmon's handler is."""
+    """``signal.getsignal`` and ``signal.signal`` report SIG_DFL where perfmon's handler is, and
+    ``signal.set_wakeup_fd`` no fd (-1) where the watcher's was."""
     if replaced(signal.getsignal):
         return
     real_get, real_set = signal.getsignal, signal.signal
@@ -212,3 +292,10 @@ def _hide() -> None:
 
     signal.getsignal = stand_in(getsignal, real_get)
     signal.signal = stand_in(signal_, real_set)
+    real_wakeup = signal.set_wakeup_fd
+
+    def set_wakeup_fd(fd: int, /, *, warn_on_full_buffer: bool = True) -> int:
+        previous = real_wakeup(fd, warn_on_full_buffer=warn_on_full_buffer)
+        return -1 if _wakeup and previous == _wakeup[0] else previous  # the watcher's: none, as under plain python
+
+    signal.set_wakeup_fd = stand_in(set_wakeup_fd, real_wakeup)
