@@ -126,6 +126,8 @@ def test_a_failing_rank_takes_the_job_down_and_is_named(tmp_path, env):  # noqa:
     summary = report(tmp_path / "run", env)
     assert summary["failed_rank"]["rank"] == 1
     assert "RuntimeError: rank 1 failed at step 5" in summary["failed_rank"]["exception"]
+    # the job's exception is the failed rank's (it was rank 0's: none, torchrun's SIGTERM)
+    assert (summary["exception"], summary["signal"]) == (summary["failed_rank"]["exception"], None)
     assert summary["exit_code"] == res.returncode
     assert "rank 1 failed: RuntimeError: rank 1 failed at step 5" in res.stderr
 

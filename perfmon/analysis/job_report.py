@@ -40,7 +40,10 @@ def _exit(job: JobState) -> dict[str, Any]:
     if failed is not None:
         rank, state = failed
         assert state.exit is not None
+        # the job's exception and signal are the failed rank's: the others' are what its failure did to them (a
+        # peer's closed connection, torchrun's SIGTERM)
         return {"exit_code": state.exit_status if job.returncode is None else _status(job.returncode),
+                "exception": state.exit.exception, "signal": state.exit.signal,
                 "failed_rank": {"rank": rank, "exit_code": state.exit_status, "exception": state.exit.exception,
                                 "signal": state.exit.signal}}
     if job.returncode is not None:
