@@ -354,7 +354,12 @@ def hot_path_built() -> bool:
 
 
 WARNING_SCRIPT = """
+import os
+import time
+
 import torch.multiprocessing as mp
+if os.environ["RANK"] == "1":  # later than the monitor's next look at the ranks' warnings (one each 5 s)
+    time.sleep(5.5)
 try:  # each rank warns as the processes start; the start fails at once, and the rank ends
     mp.start_processes(print, nprocs=1, start_method="no-such-method")
 except ValueError as exc:
@@ -364,7 +369,7 @@ except ValueError as exc:
 
 def test_the_ranks_warnings_are_printed_once_with_the_ranks_that_said_them(tmp_path, env):  # noqa: F811
     """``perfmon --headless torchrun``: what the ranks' agents warn about reaches the terminal (it was only in the
-    recordings), one line for the ranks that said the same thing, even from the job's last second."""
+    recordings), one line for the ranks that said the same thing, seconds apart or in the job's last second."""
     script = tmp_path / "warns.py"
     script.write_text(WARNING_SCRIPT)
     res = under_perfmon(tmp_path / "run", ["--standalone", "--nproc-per-node", "2", str(script)], env)
@@ -381,22 +386,41 @@ def test_the_warning_feed_groups_ranks_and_follows_a_restart():
     def new_warnings(job: JobState, feed: WarningFeed) -> list[str]:
         return [warning_line(who, text).removeprefix("[perfmon] ") for who, text in feed.new(job=job)]
 
-    job, said = JobState(), WarningFeed()
+    clock = [0.0]
+    job, said = JobState(), WarningFeed(hold_s=10.0, clock=lambda: clock[0])
     for rank, text in ((0, "disk full"), (0, "slow"), (1, "disk full")):
         job.rank(rank).apply(protocol.message("event", kind="warning", message=text, t=0.5))
-    assert new_warnings(job, said) == ["warning (ranks 0, 1): disk full", "warning (rank 0): slow"]
+    assert new_warnings(job, said) == ["warning (ranks 0, 1): disk full"]  # "slow" waits for rank 1
+    clock[0] = 9.0
+    job.rank(1).apply(protocol.message("event", kind="warning", message="late", t=9.0))
+    assert new_warnings(job, said) == []  # rank 1 may yet say "slow"; rank 0 "late"
+    clock[0] = 10.0
+    assert new_warnings(job, said) == ["warning (rank 0): slow"]  # the others' time is up
+    job.rank(0).apply(protocol.message("event", kind="warning", message="late", t=10.0))
+    assert new_warnings(job, said) == ["warning (ranks 0, 1): late"]  # said late, by both: one line still
     assert new_warnings(job, said) == []  # nothing new
     job.ranks[1] = type(job.rank(0))()  # rank 1 restarted: its state begins again
     job.rank(1).apply(protocol.message("event", kind="warning", message="again", t=1.0))
+    assert new_warnings(job, said) == []  # held (the other rank may say it too) ...
+    clock[0] = 20.0  # ... until its time is up
     assert new_warnings(job, said) == ["warning (rank 1): again"]
     for k in range(60):  # more than the 50 a state keeps: every new one is still said
         job.rank(0).apply(protocol.message("event", kind="warning", message=f"w{k}", t=2.0))
+    assert new_warnings(job, said) == []  # held (the other rank may say it too) ...
+    clock[0] = 30.0  # ... until its time is up
     assert new_warnings(job, said) == [f"warning (rank 0): w{k}" for k in range(10, 60)]
     job.rank(0).apply(protocol.message("event", kind="warning", message="w60", t=3.0))
+    assert new_warnings(job, said) == []  # held (the other rank may say it too) ...
+    clock[0] = 40.0  # ... until its time is up
     assert new_warnings(job, said) == ["warning (rank 0): w60"]
     job.rank(0).reset()  # a replay that starts over: what it says again is said again
     job.rank(0).apply(protocol.message("event", kind="warning", message="w0", t=0.1))
-    assert new_warnings(job, said) == ["warning (rank 0): w0"]
+    assert new_warnings(job, said) == []
+    assert [line for who, text in said.new(job=job, final=True) for line in [warning_line(who, text)]] == [
+        "[perfmon] warning (rank 0): w0"]  # the job over: whatever waits is said
+    job.rank(1).apply(protocol.message("event", kind="warning", message="w1", t=0.2))
+    job.process_exited(0)  # every rank ended (a replay of a finished job too): no rank is left to wait for
+    assert new_warnings(job, said) == ["warning (rank 1): w1"]
 
 
 @pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="needs tmux to run the dashboard in a terminal")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,25 +274,45 @@ def is_job_dir(run_dir: Path) -> bool:
 
 
 
+#: How long a warning some ranks said waits for the job's other ranks to say it too, so that it is one line for
+#: all of them (ranks start, and reach the same place, seconds apart on a busy host).
+WARNING_HOLD_S = 10.0
+
+
 class WarningFeed:
     """The agent's warnings not yet taken, of one run or of every rank of a job: ``(who, text)`` pairs, ``who``
     being "" for one run and "ranks 0, 1" for the ranks of a job that said the same text (eight ranks warning alike
-    make one). A state replaced (a restarted rank) or reset (a replay that starts over) is read from its start."""
+    make one). A job's warning that not every rank has said yet is held up to :data:`WARNING_HOLD_S` for the
+    others, unless the job has ended. A state replaced (a restarted rank) or reset (a replay that starts over) is
+    read from its start."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_s: float = WARNING_HOLD_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._seen: dict[int | None, tuple[RunState, int]] = {}  # by rank (None: the one run)
+        self._held: dict[str, tuple[list[int | None], float]] = {}  # text: the ranks that said it, since when
+        self._hold_s, self._clock = hold_s, clock
 
-    def new(self, state: RunState | None = None, job: JobState | None = None) -> list[tuple[str, str]]:
-        """What came in since the last call (call with the state lock held)."""
+    def new(self, state: RunState | None = None, job: JobState | None = None,
+            final: bool = False) -> list[tuple[str, str]]:
+        """What came in since the last call, less what waits for more ranks (call with the state lock held).
+        ``final``: the job is over, everything held is said."""
         states = sorted(job.ranks.items()) if job is not None else [(None, state)] if state is not None else []
-        by_text: dict[str, list[int | None]] = {}
+        now = self._clock()
         for rank, st in states:
             before = self._seen.get(rank)
             for text in st.warnings_since(before[1] if before is not None and before[0] is st else 0):
-                by_text.setdefault(text, []).append(rank)
+                ranks, since = self._held.setdefault(text, ([], now))
+                if rank not in ranks:
+                    ranks.append(rank)
             self._seen[rank] = (st, st.warnings_seen)
-        return [("" if ranks == [None] else f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}", text)
-                for text, ranks in by_text.items()]
+        every = final or job is None or job.ended
+        out: list[tuple[str, str]] = []
+        for text, (ranks, since) in list(self._held.items()):
+            if every or len(ranks) >= job.world_size or now - since >= self._hold_s:
+                del self._held[text]
+                who = sorted(ranks, key=lambda r: -1 if r is None else r)
+                out.append(("" if who == [None] else f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}",
+                            text))
+        return out
 
 
 def warning_line(who: str, text: str) -> str:

@@ -175,7 +175,7 @@ def run_headless_job(proc: TrainingProcess, interval: float, err: Any = None, ru
             node.close()
         tail.drain()
         with lock:
-            for who, text in warnings.new(job=job):  # the job's last seconds: said here, or never
+            for who, text in warnings.new(job=job, final=True):  # the job's last seconds: said here, or never
                 print(fresh() + warning_line(who, text), file=err, flush=True)
             summary = finalize_job(proc.run_dir, job, returncode, rules)
             if summary is not None and summary is not SUMMARY_FAILED:  # (a failure is said already)
