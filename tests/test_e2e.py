@@ -169,7 +169,28 @@ class Background:
         return self.err_path.read_text(errors="replace")
 
     def wait(self, timeout: float = DEADLINE) -> int:
-        return self.popen.wait(timeout=timeout)
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:  # what perfmon and the job were doing: the failure says it
+            raise AssertionError(f"perfmon did not end in {timeout:.0f} s; {self.processes()}; its stderr:\n"
+                                 f"{self.stderr}") from exc
+
+    def processes(self) -> str:
+        import psutil
+
+        def state(pid: int) -> str:
+            try:
+                proc = psutil.Process(pid)
+                return f"{pid} {proc.status()} {' '.join(proc.cmdline()[:3])}"
+            except psutil.Error:
+                return f"{pid} gone"
+
+        pids = [self.popen.pid, *([self.train_pid] if self.train_pid else [])]
+        try:
+            pids += [c.pid for c in psutil.Process(self.popen.pid).children(recursive=True) if c.pid not in pids]
+        except psutil.Error:
+            pass
+        return "processes: " + "; ".join(state(pid) for pid in pids)
 
     def cleanup(self) -> None:
         if self.popen.poll() is None:
