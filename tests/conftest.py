@@ -8,11 +8,13 @@ import signal
 
 def pytest_configure(config: object) -> None:
     # A suite started in the background by a non-interactive shell (`make test &`, some CI runners) inherits
-    # SIGINT ignored, and so would every job the tests launch: Ctrl-C and `stop` tests could then never stop
-    # them. Python reinstates its own handler here, so children start with SIGINT at its default, as from a
-    # terminal.
+    # SIGINT and SIGQUIT ignored, and so would every job the tests launch: Ctrl-C, Ctrl-\ and `stop` tests could
+    # then never stop them (the job ignores what perfmon passes on, as plain python started so would). Python
+    # reinstates its own handler here, so children start with both at their defaults, as from a terminal.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     # pytest-xdist's workers (`make test` runs two) have COLUMNS=80 and LINES=24 in their environment: a terminal a
     # test starts (tmux) would hand them to the dashboard, which then draws 80x24 whatever the terminal's size
     for name in ("COLUMNS", "LINES"):
