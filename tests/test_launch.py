@@ -72,3 +72,49 @@ def test_signals_perfmon_was_started_ignoring_stay_ignored_in_the_job(tmp_path):
                           str(script)], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[0] == "[True, True, False]"
+
+
+COUNTS_SIGINTS = """
+import signal, sys, time
+from pathlib import Path
+got = Path(sys.argv[1])
+signal.signal(signal.SIGINT, lambda *_: got.write_text(str(int(got.read_text() or 0) + 1)))
+got.write_text("0")
+while got.read_text() != "3":
+    time.sleep(0.01)
+print("got 3", flush=True)
+"""
+
+
+def test_sigint_to_a_perfmon_started_ignoring_it_is_passed_on_never_escalated(tmp_path):
+    """Plain python started ignoring SIGINT (`perfmon train.py &` in a script) never stops for one: perfmon
+    passes each on to the job as it is (here to the script's own handler) and never escalates to SIGTERM and
+    SIGKILL, as it does for a repeated Ctrl-C."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script, got = tmp_path / "counts.py", tmp_path / "got"
+    script.write_text(COUNTS_SIGINTS)
+    ignoring = ("import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "os.execv(sys.executable, [sys.executable, '-m', 'perfmon.cli', *sys.argv[1:]])\n")
+    proc = subprocess.Popen([sys.executable, "-c", ignoring, "--headless", "--run-dir", str(tmp_path / "run"),
+                             str(script), str(got)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        for n in range(3):
+            deadline = time.monotonic() + 90
+            while not (got.exists() and got.read_text() == str(n)):  # the script's handler counted the last
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise AssertionError(f"no count {n}: {proc.communicate()[1]}")
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert out.splitlines()[0] == "got 3"
+    assert "again" not in err  # no "Ctrl-C again: SIGTERM sent to the job"

@@ -287,6 +287,8 @@ class TrainingProcess:
         self.host_feed: HostFeed | None = None
         #: the handlers :func:`signals_to` hands back at its end, taken before the job started (None: not held)
         self.handlers_before: dict[int, Any] | None = None
+        #: the signals perfmon was started ignoring (a script's `perfmon train.py &` ignores SIGINT and SIGQUIT)
+        self.ignored: frozenset[int] = frozenset()
         self._early: list[int] = []  # signals that came while the job was being started
 
     @property
@@ -415,7 +417,8 @@ class TrainingProcess:
         try:
             # one perfmon was started ignoring (a shell's `&` ignores SIGINT) stays ignored: the job inherits that,
             # as plain python would (a handled signal is reset to its default in the exec'd job)
-            before = {s: h for s in HANDLED if (h := signal.getsignal(s)) is not signal.SIG_IGN}
+            self.ignored = frozenset(s for s in HANDLED if signal.getsignal(s) is signal.SIG_IGN)
+            before = {s: signal.getsignal(s) for s in HANDLED if s not in self.ignored}
             for s in before:
                 signal.signal(s, self._early_signal)
         except ValueError:  # not the main thread: python allows no handler here
@@ -520,6 +523,9 @@ def _handlers(proc: TrainingProcess) -> dict[int, Callable[[int, Any], None]]:
     """What :func:`signals_to` does with each signal it handles."""
 
     def stop(signum: int, frame: Any) -> None:
+        if signal.SIGINT in proc.ignored:  # started ignoring it, plain python never stops for one: it goes on to
+            proc._signal(signal.SIGINT)  # the job as it is (ignored there too, or the script's own handler's)
+            return
         sent = proc.stop()
         if sent != signal.SIGINT:  # past what plain python does with a Ctrl-C: say so (os.write: a handler may
             try:  # run inside a print of ours, and a buffered write there would raise "reentrant call")
