@@ -80,7 +80,8 @@ from pathlib import Path
 got = Path(sys.argv[1])
 signal.signal(signal.SIGINT, lambda *_: got.write_text(str(int(got.read_text() or 0) + 1)))
 got.write_text("0")
-while got.read_text() != "3":
+deadline = time.monotonic() + 120  # a test that failed leaves no job behind for long
+while got.read_text() != "3" and time.monotonic() < deadline:
     time.sleep(0.01)
 print("got 3", flush=True)
 """
@@ -118,3 +119,41 @@ def test_sigint_to_a_perfmon_started_ignoring_it_is_passed_on_never_escalated(tm
     assert proc.returncode == 0, err
     assert out.splitlines()[0] == "got 3"
     assert "again" not in err  # no "Ctrl-C again: SIGTERM sent to the job"
+
+
+SIGINT_IGNORED_IN_THE_START_WINDOW = """
+import os, signal, sys, time
+from pathlib import Path
+from perfmon.monitor.launch import Target, TrainingProcess, signals_to
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a non-interactive shell's `&` leaves it
+proc = TrainingProcess(Target(sys.argv[1], None), Path(sys.argv[2])).start()
+ready = Path(sys.argv[2]) / "ready"
+while not ready.exists() and proc.poll() is None:  # the script's own handler is in place
+    time.sleep(0.01)
+os.kill(os.getpid(), signal.SIGINT)  # the launcher is still getting ready: signals_to is not there yet
+with signals_to(proc):
+    code = proc.wait()
+print("job ended", code, signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)
+"""
+
+HANDLES_SIGINT = """
+import os, signal, sys, time
+from pathlib import Path
+signal.signal(signal.SIGINT, lambda *_: os._exit(3))
+(Path(os.environ["PERFMON_RUN_DIR"]) / "ready").touch()
+time.sleep(20)  # without the SIGINT
+"""
+
+
+def test_a_sigint_a_perfmon_ignoring_it_gets_before_it_is_ready_still_reaches_the_scripts_handler(tmp_path):
+    """The SIGINT of a perfmon started ignoring it goes on to the job from the moment the job starts, as the other
+    signals do: the script's own handler runs, as under plain python. perfmon ignores it again after."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "handles.py"
+    script.write_text(HANDLES_SIGINT)
+    res = subprocess.run([sys.executable, "-c", SIGINT_IGNORED_IN_THE_START_WINDOW, str(script),
+                          str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "job ended 3 True", res.stdout + res.stderr

@@ -128,3 +128,25 @@ def test_ranks_view_120x40(snap_compare, tmp_path: Path) -> None:
 
 def test_ranks_view_80x24(snap_compare, tmp_path: Path) -> None:
     assert snap_compare(job_app(tmp_path), press=["7"], terminal_size=(80, 24), run_before=job_loaded)
+
+
+async def test_a_warning_one_rank_of_a_job_recorded_is_shown_though_the_job_never_recorded_its_end(tmp_path):
+    """A job's replay (its perfmon killed with it: no rank recorded an exit) where rank 0 alone warned: the warning
+    is in the output panel. A warning held for the other ranks, as headless mode holds one, would never be said:
+    the stream is over, so nothing would ever look again."""
+    import json
+
+    from perfmon.tui.widgets.logpanel import LogPanel
+
+    job_dir = write_job(tmp_path / "job", world=2, slow=1, steps=100, exit=None)
+    events = job_dir / "rank-0" / "events.jsonl"
+    seq = len(events.read_text().splitlines()) + 1
+    warning = protocol.message("event", seq=seq, kind="warning", message="only rank 0 says this", t=START + 5.0)
+    with events.open("a") as f:
+        f.write(json.dumps(warning) + "\n")
+    app = PerfmonApp(RunState(), JobSource(job_dir, follow=False), job_dir, job=JobState())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.stream_ended and len(app.job.ranks) == 2)
+        await wait_until(pilot, lambda: any("only rank 0 says this" in str(line)
+                                            for line in app.query_one(LogPanel).log_widget.lines))
+        assert not app.job.ended  # (the case: nothing ends the job)

@@ -402,6 +402,10 @@ class TrainingProcess:
         finally:
             log.close()
             errlog.close()
+        if self.handlers_before is not None:  # the job inherited what perfmon ignores: from here perfmon passes
+            for s in self.ignored:  # those on too (a script may handle one), as signals_to will
+                self.handlers_before[s] = signal.SIG_IGN
+                signal.signal(s, self._early_signal)
         early, self._early = self._early, []
         for signum in early:  # the job is there now: it gets them as signals_to would have given them
             _handlers(self)[signum](signum, None)

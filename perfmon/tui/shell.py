@@ -118,7 +118,9 @@ class DashboardShell(App[None]):
         self.view = "overview"
         self.commands_sent: list[Command] = []  # what the command keys sent (diagnostics and tests)
         self._results = ResultFeed()
-        self._warnings = WarningFeed()  # the agent's warnings: every rank's in a job, whichever is on show
+        # the agent's warnings: every rank's in a job, whichever is on show; said as they come (a refresh
+        # comes with new data, and a stream that ends would leave a held one unsaid)
+        self._warnings = WarningFeed(hold_s=0.0)
         self.spawned_job: Path | None = None  # the job of ranks the script spawned, to reopen on (SPAWNED)
 
     # -- outcome ----------------------------------------------------------------------------
