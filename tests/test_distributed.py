@@ -405,6 +405,16 @@ def test_the_warning_feed_groups_ranks_and_follows_a_restart():
     job.rank(0).apply(protocol.message("event", kind="warning", message="late", t=10.0))
     assert new_warnings(job, said) == ["warning (ranks 0, 1): late"]  # said late, by both: one line still
     assert new_warnings(job, said) == []  # nothing new
+    for rank in (0, 1):  # the ranks' recordings read again at the job's end: the same runs, nothing new
+        hello = protocol.message("hello", pid=100 + rank, start=1.0)
+        job.rank(rank).apply(hello)
+        new_warnings(job, said)
+        again = type(job.rank(rank))()
+        for msg in (hello, *(protocol.message("event", kind="warning", message=text, t=0.5)
+                             for text in job.rank(rank).warnings_since(0))):
+            again.apply(msg)
+        job.ranks[rank] = again
+    assert new_warnings(job, said) == []
     job.ranks[1] = type(job.rank(0))()  # rank 1 restarted: its state begins again
     job.rank(1).apply(protocol.message("event", kind="warning", message="again", t=1.0))
     assert new_warnings(job, said) == []  # held (the other rank may say it too) ...

@@ -299,7 +299,7 @@ class WarningFeed:
         now = self._clock()
         for rank, st in states:
             before = self._seen.get(rank)
-            for text in st.warnings_since(before[1] if before is not None and before[0] is st else 0):
+            for text in st.warnings_since(before[1] if before is not None and _same_run(before[0], st) else 0):
                 ranks, since = self._held.setdefault(text, ([], now))
                 if rank not in ranks:
                     ranks.append(rank)
@@ -313,6 +313,15 @@ class WarningFeed:
                 out.append(("" if who == [None] else f"rank{'s' if len(who) > 1 else ''} {', '.join(map(str, who))}",
                             text))
         return out
+
+
+def _same_run(before: RunState, now: RunState) -> bool:
+    """``now`` is ``before``, or the same process's recording read again (a job's ranks reloaded at its end), not a
+    restarted rank or another run."""
+    if now is before:
+        return True
+    a, b = before.meta, now.meta
+    return a.pid is not None and (a.pid, a.start) == (b.pid, b.start)
 
 
 def warning_line(who: str, text: str) -> str:
