@@ -56,19 +56,25 @@ def test_a_sigterm_before_the_launcher_is_ready_still_reaches_the_job(tmp_path):
             pass
 
 
+def perfmon_ignoring(*names: str) -> list[str]:
+    """The command line of a ``perfmon`` started with the signals ``names`` ignored, as a shell's ``&`` (or a
+    supervisor) starts one; perfmon's own arguments follow."""
+    import sys
+
+    ignore = "".join(f"signal.signal(signal.{name}, signal.SIG_IGN)\n" for name in names)
+    return [sys.executable, "-c", "import os, signal, sys\n" + ignore
+            + "os.execv(sys.executable, [sys.executable, '-m', 'perfmon.cli', *sys.argv[1:]])\n"]
+
+
 def test_signals_perfmon_was_started_ignoring_stay_ignored_in_the_job(tmp_path):
     """A shell's `perfmon train.py &` ignores SIGINT (and a supervisor may ignore SIGTERM): plain python inherits
     that, so the job does too (perfmon's own handlers, installed before the job started, reset them to default)."""
     import subprocess
-    import sys
 
     script = tmp_path / "reads.py"
     script.write_text("import signal\nprint([signal.getsignal(s) == signal.SIG_IGN for s in "
                       "(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)], flush=True)\n")
-    ignoring = ("import os, signal, sys\n"
-                "for s in (signal.SIGINT, signal.SIGTERM):\n    signal.signal(s, signal.SIG_IGN)\n"
-                "os.execv(sys.executable, [sys.executable, '-m', 'perfmon.cli', *sys.argv[1:]])\n")
-    res = subprocess.run([sys.executable, "-c", ignoring, "--headless", "--run-dir", str(tmp_path / "run"),
+    res = subprocess.run([*perfmon_ignoring("SIGINT", "SIGTERM"), "--headless", "--run-dir", str(tmp_path / "run"),
                           str(script)], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[0] == "[True, True, False]"
@@ -93,14 +99,11 @@ def test_sigint_to_a_perfmon_started_ignoring_it_is_passed_on_never_escalated(tm
     SIGKILL, as it does for a repeated Ctrl-C."""
     import signal
     import subprocess
-    import sys
     import time
 
     script, got = tmp_path / "counts.py", tmp_path / "got"
     script.write_text(COUNTS_SIGINTS)
-    ignoring = ("import os, signal, sys\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-                "os.execv(sys.executable, [sys.executable, '-m', 'perfmon.cli', *sys.argv[1:]])\n")
-    proc = subprocess.Popen([sys.executable, "-c", ignoring, "--headless", "--run-dir", str(tmp_path / "run"),
+    proc = subprocess.Popen([*perfmon_ignoring("SIGINT"), "--headless", "--run-dir", str(tmp_path / "run"),
                              str(script), str(got)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL)
     try:
