@@ -94,7 +94,8 @@ async def test_p_profiles_every_rank_at_one_step_and_c_goes_to_the_rank_shown(tm
     source = ConnectedJob(job_dir)
     app = PerfmonApp(RunState(), source, job_dir, job=JobState())
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_until(pilot, lambda: len(app.job.ranks) == 4 and all(s.steps == 3000 for s in app.job.ranks.values()))
+        await wait_until(pilot, lambda: len(app.job.ranks) == 4 and all(s.steps == 3000 for s in app.job.ranks.values()),
+                         timeout=60)  # 4 x 3,000 steps replayed: seconds on a loaded host
         await pilot.press("p")
         profile = source.sent[-1]
         assert profile.name == "profile" and profile.ranks is None  # every rank
