@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+
+import pytest
+
+from perfmon.monitor.launch import HANDLED
 
 
 def pytest_configure(config: object) -> None:
@@ -19,3 +24,18 @@ def pytest_configure(config: object) -> None:
     # test starts (tmux) would hand them to the dashboard, which then draws 80x24 whatever the terminal's size
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    # A test that starts a job in-process (`TrainingProcess(...).start()` without `signals_to`) leaves perfmon's
+    # early handlers installed in this worker; chained from test to test they once turned a late SIGINT into an
+    # ignored KeyboardInterrupt at the end of the session. Each test gets back the handlers it started with.
+    before = {s: signal.getsignal(s) for s in HANDLED}
+    yield
+    for s, handler in before.items():
+        if handler is not None and signal.getsignal(s) is not handler:
+            try:
+                signal.signal(s, handler)
+            except ValueError:  # not the main thread (a worker never runs tests off it; stay harmless anyway)
+                pass
