@@ -55,6 +55,7 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
     "accumulate_validate": ("accumulate_validate.py", ["--batches", "24"], False),
     "eval_without_no_grad": ("eval_without_no_grad.py", [], False),
     "eval_without_no_grad_criterion": ("eval_without_no_grad.py", ["--criterion"], False),
+    "ssl_knn": ("ssl_knn.py", [], True),
 }
 
 
@@ -206,6 +207,13 @@ def test_case_expectations(pair):
                 for m in events(pair.run) if m.get("type") == "steps" for row in m["rows"]]
         assert [r["samples"] for r in rows] == [truth["samples_per_step"]] * truth["steps"], rows
         assert rep["outside_steps"]["evaluation"]["ms"] > 0, rep["outside_steps"]
+    elif pair.name == "ssl_knn":  # a kNN monitor over the backbone only: its fetches are outside, not step data
+        rows = [dict(zip(m["fields"], row, strict=True))
+                for m in events(pair.run) if m.get("type") == "steps" for row in m["rows"]]
+        assert [r["samples"] for r in rows] == [truth["samples_per_step"]] * truth["steps"], rows
+        # perfmon's stretches outside the steps hold every monitor pass the script timed (more: the epoch's end)
+        monitor_ms = 1000 * json.loads((pair.out_pm / "timing.json").read_text())["monitor_s"]
+        assert rep["outside_steps"]["evaluation"]["ms"] >= 0.95 * monitor_ms, (rep["outside_steps"], monitor_ms)
     elif pair.name == "cleanrl_ppo":  # the rollouts between updates (the agent under no_grad) are outside steps
         per_rollout = rep["outside_steps"]["evaluation"]["ms"] / 2  # 3 iterations: 2 rollouts between updates
         assert per_rollout > 0 and phases["forward"]["mean_ms"] > 0, rep["outside_steps"]

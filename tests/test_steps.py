@@ -757,6 +757,48 @@ def test_validation_after_an_epochs_end_is_still_evaluation():
     assert tracker.outside["evaluation"] == pytest.approx(0.004 + 3 * 0.005)
 
 
+@pytest.mark.parametrize("zipped", [1, 2], ids=["one-loader", "two-loaders-zipped"])
+@pytest.mark.parametrize("val_end", [False, True], ids=["", "val-loader-ends"])
+def test_an_evaluation_that_calls_no_trained_module_is_outside_the_next_step(zipped, val_end):
+    """A probe between epochs that fetches its own loader's batches and gives them to a submodule (MoCo's kNN
+    monitor calls ``model.encoder_q``, SimSiam's ``model.backbone``) or to no module at all: no forward perfmon
+    times, only fetches. Those beyond what the loop's steps fetch are an evaluation's, outside the steps; the
+    next step keeps its own fetches (and the training loader's end) and its own samples."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for epoch in range(3):
+        for _ in range(4):
+            for _ in range(zipped):
+                s.phase("data", 1, 8)
+            s.forward(2).phase("backward", 2).phase("optimizer", 1)
+        s.phase("data", 4, False)  # the training loader's end
+        if epoch < 2:
+            for _ in range(5):
+                s.phase("data", 2, 100).gap(3)  # model.encoder(x) under no_grad: not timed
+            if val_end:
+                s.phase("data", 1, False)
+    steps = s.run(tracker)
+    assert tracker.finish() is None and len(steps) == 12
+    assert [r.samples for r in steps] == [8 * zipped] * 12
+    first = steps[4].phases["data"], steps[8].phases["data"]
+    assert first == (pytest.approx(0.001 * zipped), pytest.approx(0.001 * zipped))
+    # the training loader's end before the probe, the probe and its loader's end; the last epoch's end is "other"
+    assert tracker.outside["evaluation"] == pytest.approx(2 * (0.004 + 5 * 0.005 + 0.001 * val_end))
+    assert tracker.outside["other"] == pytest.approx(0.004)
+
+
+def test_an_epochs_end_before_a_zipped_step_stays_its_data():
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(2):
+        for _ in range(3):
+            s.phase("data", 1, 8).phase("data", 1, 8).forward(2).phase("backward", 2).phase("optimizer", 1)
+        s.phase("data", 4, False)
+    steps = s.run(tracker)
+    assert len(steps) == 6 and steps[3].phases["data"] == pytest.approx(0.006)
+    assert tracker.outside["evaluation"] == 0
+
+
 def test_two_loaders_zipped_are_one_fetch_of_the_step():
     s = Seq().mark(OPTIMIZER_CREATED)
     for _ in range(3):

@@ -280,12 +280,14 @@ def _evaluates(seg: _Segment, trained: set[Any], backward_next: bool) -> bool:
             and not (seg.evalgrad and backward_next))
 
 
-def _step_begins(segs: list[_Segment], last_eval: int) -> int:
+def _step_begins(segs: list[_Segment], last_eval: int, fetches: int = 0) -> int:
     """Where the step's own work begins among ``segs`` (held before training work came), ``last_eval`` the last
     evaluation forward among them (-1: none): at the fetches after it, the last run of them (several loaders
-    zipped); with none after it, at the fetch right before the no-grad passes it ends, which ran on that batch (a
-    reference pass of the trained model, DPO's; a target network); else after it (no-grad forwards of modules
-    never trained, teachers, stay in)."""
+    zipped), at most ``fetches`` of them where the loop's steps are known to fetch that many (0: not known yet;
+    more before them are an evaluation's: a probe loader whose batches go to a submodule or to no module at all),
+    with the fetches that found a loader done right before them (an epoch's end); with none after it, at the fetch
+    right before the no-grad passes it ends, which ran on that batch (a reference pass of the trained model, DPO's;
+    a target network); else after it (no-grad forwards of modules never trained, teachers, stay in)."""
     data = [i for i in range(last_eval + 1, len(segs)) if segs[i].kind == "data"]
     floor = last_eval
     if not data and last_eval >= 0:
@@ -295,8 +297,17 @@ def _step_begins(segs: list[_Segment], last_eval: int) -> int:
     if not data:
         return last_eval + 1
     start = data[-1]
+    taken = 0 if segs[start].exhausted else 1
+    full = start if fetches and taken >= fetches else -1  # where the step's own fetches are all taken
     while start - 1 > floor and segs[start - 1].kind == "data":
-        start -= 1  # several loaders fetched together (a zip of two DataLoaders)
+        prev = segs[start - 1]
+        if full >= 0 and not prev.exhausted:
+            return full  # an extra fetch, and the loader ends between it and the step's: another loop's
+        start -= 1  # several loaders fetched together (a zip of two DataLoaders), or an epoch's end
+        if not prev.exhausted:
+            taken += 1
+            if fetches and taken >= fetches:
+                full = start
     return start
 
 
@@ -332,6 +343,7 @@ class StepTracker:
         self._last_t = 0.0
         self._prefetch = 0.0  # seconds of other threads' fetches since the last step was made
         self._prefetch_samples = 0  # and the samples they fetched
+        self._fetches = 0  # the fetches that began the last step (several: zipped loaders; 0: none seen yet)
 
     # -- public -----------------------------------------------------------------------------
     def feed_many(self, events: list[tuple[int, float, Any, Any]]) -> list[StepRecord]:
@@ -384,16 +396,21 @@ class StepTracker:
         count = first = self.count
         start = self._part.start  # type: ignore[union-attr]
         trained = self._trained
+        fetched = False  # the last step made here began with a fetch
         while i < n:
             c0, t0, a0, m0 = events[i]
             if c0 == STEADY and _steady_steps is not None:  # a run of them, in C: the same steps, as SteadyStep
+                made = count
                 i, count, start = _steady_steps(events, i, count, start, trained, out, NO_MARKS)
+                if count != made:
+                    fetched = events[i - 1][2][0] is not None
                 if i == n or events[i][0] != STEADY:
                     continue
                 c0, t0, a0, m0 = events[i]  # one C could not read: the Python below takes it
             if c0 == STEADY:  # folded by the C ring: the same step from one tuple (t0: the optimizer's end)
                 t_fetch, t_fetched, samples, t2, key, t3, t4, t5, t6, _ = a0
                 trained.add(key)
+                fetched = t_fetch is not None
                 count += 1
                 out.append(StepRecord(count, start, t0, {
                     "data": t_fetched - t_fetch if t_fetch is not None else 0.0, "forward": t3 - t2,
@@ -423,12 +440,15 @@ class StepTracker:
                 break
             if a2[1] is not None:
                 trained.add(a2[1])
+            fetched = j > i
             count += 1
             out.append(StepRecord(count, start, t7, {"data": data, "forward": t3 - t2, "backward": t5 - t4,
                                                      "optimizer": t7 - t6}, samples or None, NO_MARKS, 0))
             start = t7
             i = j + 6
         if count != first:
+            if fetched:
+                self._fetches = 1
             self.count = count
             self.fast_steps += count - first
             self._part = _Part(start, None)
@@ -572,13 +592,18 @@ class StepTracker:
             return
         if len(segs) == 1 and segs[0].kind == "data":
             # a DataLoader loop's every step: its fetch began it (what the general case below decides)
+            if not segs[0].exhausted:
+                self._fetches = 1
             _absorb(part, segs)
             self._segments = []
             self._training = True
             return
         trained = self._trained
         last_eval = max((i for i, s in enumerate(segs) if _evaluates(s, trained, backward_next)), default=-1)
-        start = _step_begins(segs, last_eval)
+        start = _step_begins(segs, last_eval, self._fetches)
+        fetches = sum(1 for s in segs[start:] if s.kind == "data" and not s.exhausted)
+        if fetches:
+            self._fetches = fetches
         saved = start
         while start < len(segs) and segs[start].kind == CHECKPOINT:
             start += 1  # a torch.save before the iteration's first fetch or forward: outside, as between steps
@@ -609,7 +634,7 @@ class StepTracker:
         self._train_forwards(segs, backward_next)
         trained = self._trained
         last_eval = max((i for i, s in enumerate(segs) if _evaluates(s, trained, backward_next)), default=-1)
-        start = _step_begins(segs, last_eval)
+        start = _step_begins(segs, last_eval, self._fetches)
         if start == 0:  # the next micro-batch's fetch (the common case), or its reference pass
             _absorb(part, segs)
             return
