@@ -759,18 +759,20 @@ def test_validation_after_an_epochs_end_is_still_evaluation():
 
 @pytest.mark.parametrize("zipped", [1, 2], ids=["one-loader", "two-loaders-zipped"])
 @pytest.mark.parametrize("val_end", [False, True], ids=["", "val-loader-ends"])
-def test_an_evaluation_that_calls_no_trained_module_is_outside_the_next_step(zipped, val_end):
+@pytest.mark.parametrize("compiled", [False, True], ids=["", "whole-step-compiled"])
+def test_an_evaluation_that_calls_no_trained_module_is_outside_the_next_step(zipped, val_end, compiled):
     """A probe between epochs that fetches its own loader's batches and gives them to a submodule (MoCo's kNN
     monitor calls ``model.encoder_q``, SimSiam's ``model.backbone``) or to no module at all: no forward perfmon
     times, only fetches. Those beyond what the loop's steps fetch are an evaluation's, outside the steps; the
-    next step keeps its own fetches (and the training loader's end) and its own samples."""
+    next step keeps its own fetches (and the training loader's end) and its own samples. So too where a compiled
+    function holds the whole step (``@torch.compile def train_step``): no forward is timed at all there."""
     tracker = StepTracker()
     s = Seq().mark(OPTIMIZER_CREATED)
     for epoch in range(3):
         for _ in range(4):
             for _ in range(zipped):
                 s.phase("data", 1, 8)
-            s.forward(2).phase("backward", 2).phase("optimizer", 1)
+            (s.gap(2) if compiled else s.forward(2)).phase("backward", 2).phase("optimizer", 1)
         s.phase("data", 4, False)  # the training loader's end
         if epoch < 2:
             for _ in range(5):
