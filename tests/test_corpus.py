@@ -55,6 +55,7 @@ CASES: dict[str, tuple[str, list[str], bool]] = {
     "accumulate_validate": ("accumulate_validate.py", ["--batches", "24"], False),
     "eval_without_no_grad": ("eval_without_no_grad.py", [], False),
     "eval_without_no_grad_criterion": ("eval_without_no_grad.py", ["--criterion"], False),
+    "eval_without_no_grad_center_loss": ("eval_without_no_grad.py", ["--center-loss"], False),
     "ssl_knn": ("ssl_knn.py", [], True),
 }
 

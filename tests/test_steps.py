@@ -630,6 +630,28 @@ def test_evaluation_in_eval_mode_without_no_grad_is_outside_time():
     assert tracker.outside["evaluation"] == pytest.approx(10 * 0.007)
 
 
+@pytest.mark.parametrize("loader", [True, False], ids=["loader", "tensors"])
+def test_an_evaluation_without_no_grad_through_a_loss_with_parameters_is_outside_time(loader):
+    """``model.eval()`` leaves a loss module with parameters of its own (a center loss, an ArcFace margin: a root,
+    trained with the model) in train mode: its call with grad after the evaluated model's is the evaluation's, not
+    the start of the next step (which then held every validation batch)."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(6):
+        if loader:
+            s.phase("data", 1, 8)
+        s.forward(2).forward(1, "loss").phase("backward", 3).phase("optimizer", 1)
+        if i == 2:
+            for _ in range(10):
+                if loader:
+                    s.phase("data", 2, 72)
+                s.forward(5, kind=EVALGRAD).forward(1, "loss")
+    steps = s.run(tracker)
+    assert len(steps) == 6 and all(r.samples == (8 if loader else None) for r in steps)
+    assert steps[3].duration == pytest.approx(0.007 + 0.001 * loader)
+    assert tracker.outside["evaluation"] == pytest.approx(10 * (0.006 + 0.002 * loader))
+
+
 def test_a_loop_that_trains_in_eval_mode_is_counted_as_any_loop():
     """A script that called ``model.eval()`` and forgot ``model.train()`` trains with every forward in eval mode:
     a backward follows each, so they are the steps' forwards, not evaluations."""

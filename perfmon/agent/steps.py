@@ -257,10 +257,12 @@ class _Part:
 class _Segment:
     """A top-level data fetch, forward or checkpoint seen before this step's training work began."""
 
-    __slots__ = ("kind", "key", "copy", "evalgrad", "begin", "end", "samples", "mark", "end_mark", "exhausted")
+    __slots__ = ("kind", "key", "copy", "evalgrad", "paired", "begin", "end", "samples", "mark", "end_mark",
+                 "exhausted")
 
-    def __init__(self, kind: str, key: Any, forward_kind: int, begin: float, mark: Any) -> None:
+    def __init__(self, kind: str, key: Any, forward_kind: int, begin: float, mark: Any, paired: bool = False) -> None:
         self.kind = kind
+        self.paired = paired  # a module in train mode called after one in eval mode: read as the evaluation's
         self.key = key
         self.copy = forward_kind == COPY
         self.evalgrad = forward_kind == EVALGRAD  # with grad in eval mode: evaluation unless a backward follows
@@ -492,13 +494,16 @@ class StepTracker:
                 if part is None:
                     part = self._part = _Part(t, mark)
                 if not (self._training or self.explicit):
+                    paired = phase == "forward" and kind == GRAD and self._evaluating_with_grad(key)
+                    if paired:
+                        kind = EVALGRAD
                     if phase == "backward" or phase == "optimizer" or (phase == "forward" and kind == GRAD):
                         if self._resume_from is None:
                             self._start_training(t, part, phase != "forward")
                         else:
                             self._resume_training(t, part, phase != "forward")
                     else:
-                        self._segments.append(_Segment(phase, key, kind, t, mark))
+                        self._segments.append(_Segment(phase, key, kind, t, mark, paired))
             stack.append((phase, mark))
             self._since = t
             return None
@@ -537,6 +542,17 @@ class StepTracker:
             self._segments = []
             self._part = None
         return rec
+
+    def _evaluating_with_grad(self, key: Any) -> bool:
+        """The batch held last went through a module in eval mode with grad: another module, in train mode, called
+        after it (a loss with parameters of its own, a center loss or an ArcFace margin, which ``model.eval()`` left
+        in train mode) is that evaluation's too, unless a backward follows (then both are the step's). A module
+        held in eval mode and now in train mode is the training's (``model.train()``, then the next step)."""
+        segs = self._segments
+        last = next((seg for seg in reversed(segs) if seg.kind != CHECKPOINT), None)
+        if last is None or last.kind != "forward" or not last.evalgrad:
+            return False
+        return not any(seg.key == key and seg.evalgrad and not seg.paired for seg in segs)
 
     def drain_outside(self) -> dict[str, float]:
         """Seconds outside steps since the last call (only the non-zero kinds)."""
