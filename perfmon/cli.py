@@ -403,7 +403,7 @@ def _after_stop(pid: int, run_dir: Path, wait_s: float = STOP_WAIT_S, asked: boo
         state = load_recording(run_dir)
     except Exception:  # noqa: BLE001 - a recording gone or unreadable: the job's end is still worth saying
         return f"perfmon: pid {pid} ended"
-    how = state.status if state.exit else "no exit recorded"
+    how = state.status if state.exit or state.execed else "no exit recorded"
     return f"perfmon: pid {pid} ended ({how}) after {state.steps} steps; perfmon report {run_dir}"
 
 

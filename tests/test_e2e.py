@@ -891,6 +891,38 @@ def test_a_script_that_execs_itself_keeps_its_steps_and_the_new_programs_exit(en
     assert len(exits) == 1 and exits[0]["recorded_by"] == "monitor"
 
 
+INSTRUMENTED_EXEC = """
+import os, sys
+import torch
+import perfmon
+perfmon.instrument(run_dir="run")
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(7):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+sys.stdout.flush()
+os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(0.5); print('the new program')"])
+"""
+
+
+def test_an_instrumented_script_that_execs_is_reported_as_replaced_not_killed(env, tmp_path):
+    """With ``perfmon.instrument()`` no launcher records the new program's exit: the recording ended in an exec,
+    which the report says (it said "no exit recorded (killed...)", or "running" while the new program ran on in the
+    same pid), with the steps before it."""
+    script = tmp_path / "instrumented_exec.py"
+    script.write_text(INSTRUMENTED_EXEC)
+    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout == "the new program\n", res.stderr
+    text = perfmon(["report", str(tmp_path / "run")], env)
+    assert text.returncode == 0, text.stderr
+    status = next(line for line in text.stdout.splitlines() if line.strip().startswith("status"))
+    assert "replaced itself with python" in status and "not recorded" in status, text.stdout
+    assert report(tmp_path / "run", env)["steps"] == 7
+
+
 EXEC_FAILS = """
 import os
 import torch

@@ -439,3 +439,20 @@ def test_an_uncounted_flop_figure_points_at_f_only_while_the_job_runs() -> None:
     assert state.flops().reason == "no FLOP count yet (press f)"
     state.apply(protocol.message("event", kind="exit", code=0, t=1010.0, seq=2))
     assert state.flops().reason == "not counted (--count-flops, or f while the job runs)"
+
+
+@pytest.mark.parametrize(("events", "status"), [
+    ([], "running"),
+    ([protocol.message("event", kind="exec", program="bash", t=1.0)], "replaced itself with bash (os.exec*)"),
+    ([protocol.message("event", kind="exec", program=None, t=1.0)], "replaced itself with another program (os.exec*)"),
+    ([protocol.message("event", kind="exec", program=7, t=1.0)], "replaced itself with another program (os.exec*)"),
+    # a launcher recorded the new program's exit: that is how the job ended
+    ([protocol.message("event", kind="exec", program="bash", t=1.0),
+      protocol.message("event", kind="exit", code=3, t=2.0)], "exited 3"),
+])
+def test_a_script_that_replaced_itself_says_so_until_an_exit_is_recorded(events, status):
+    state = RunState()
+    state.apply(protocol.message("hello", pid=4242, script="x.py", start=0.5))
+    for msg in events:
+        state.apply(msg)
+    assert state.status == status

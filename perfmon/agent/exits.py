@@ -175,7 +175,7 @@ def install_exec(agent: Any) -> None:
     def leave(path: Any, argv: Any) -> bool:
         if os.getpid() != agent.pid or not _can_exec(path, argv):  # a forked child's exec (fork + exec), or one
             return False  # bound to fail (os.execvp tries each PATH entry): the job goes on
-        agent.before_exec()
+        agent.before_exec(_program(path))
         return True
 
     def execv(path: Any, argv: Any, /) -> NoReturn:
@@ -198,6 +198,14 @@ def install_exec(agent: Any) -> None:
 
     os.execv = stand_in(execv, real_execv)
     os.execve = stand_in(execve, real_execve)
+
+
+def _program(path: Any) -> str | None:
+    """The new program's name, as the job's status says it."""
+    try:
+        return os.path.basename(os.fsdecode(path)) or None
+    except (TypeError, ValueError):
+        return None
 
 
 def _can_exec(path: Any, argv: Any) -> bool:

@@ -260,7 +260,7 @@ class Agent:
         except Exception:  # noqa: BLE001
             pass
 
-    def before_exec(self) -> None:
+    def before_exec(self, program: str | None = None) -> None:
         """The script is about to replace itself (``os.exec*``): record its steps so far and say so. The agent
         stays as it is: an exec that fails leaves it following the script (:meth:`exec_failed`); one that succeeds
         ends its threads and closes its descriptors (close-on-exec), and the launcher records the new program's
@@ -269,6 +269,7 @@ class Agent:
         try:
             self._publish_errors()
             self.publish(protocol.message("event", kind="warning", message=EXECED, t=time.time()))
+            self.publish(protocol.message("event", kind="exec", program=program, t=time.time()))
             paths.discovery_path(self.pid).unlink(missing_ok=True)  # `perfmon ls`: this agent is gone with it
         except Exception as exc:  # noqa: BLE001 - the exec goes on whatever happens here
             self.record_error("exec", exc)

@@ -287,6 +287,8 @@ def status(store: Store) -> str:
     """``starting``, ``running``, ``exited 0``, ``failed: ValueError``,
     ``failed: SyntaxError (syn.py line 2)``, ``killed by SIGKILL``: always one line."""
     exit_ = store.exit
+    if exit_ is None and store.execed is not None:
+        return f"replaced itself with {store.execed.program or 'another program'} (os.exec*)"
     if exit_ is None:
         return "running" if store.meta.received else "starting"
     if exit_.signal:

@@ -252,6 +252,8 @@ def _last_word(state: RunState) -> float | None:
 def _no_exit(state: RunState) -> str:
     """The status of a recording without an exit: its process still runs here, or it was killed."""
     meta = state.meta
+    if state.execed is not None:  # the pid lives on as the new program: no agent of perfmon's is in it
+        return f"{state.status}: perfmon did not follow it, and its exit is not recorded"
     if meta.pid and meta.start and meta.host == socket.gethostname() and paths.pid_alive(meta.pid):
         try:  # the same process, not a later one given its pid: it began before its recording did
             began = psutil.Process(meta.pid).create_time()

@@ -20,6 +20,7 @@ from perfmon.messages import (
     AgentWarning,
     CommandResult,
     CudaMem,
+    Exec,
     Exit,
     GpuSample,
     Hello,
@@ -82,6 +83,7 @@ class Store:
         self.warnings: list[str] = []  # the newest 50
         #: the ranks the job spawned itself (torch.multiprocessing.spawn), a job dir each call, in order
         self.spawned: list[RanksSpawned] = []
+        self.execed: Exec | None = None  # the script replaced itself with another program (os.exec*)
         self.warnings_seen = 0  # all there were: what a printer of new warnings counts from
         self.recording_stopped = False  # the agent said its recording stopped: the stream has more than it
         self.agent_errors: dict[str, float] = {}
@@ -292,6 +294,8 @@ class Store:
             self.profiling = Capturing(m.reason, m.t, self.steps)
         elif isinstance(m, CommandResult):
             self.command_results.append(m)
+        elif isinstance(m, Exec):
+            self.execed = m
         elif isinstance(m, RanksSpawned):
             if all(s.job_dir != m.job_dir for s in self.spawned):
                 self.spawned.append(m)

@@ -26,6 +26,7 @@ from perfmon.messages.events import (
     AgentWarning,
     CommandResult,
     Event,
+    Exec,
     Exit,
     ProfileStarted,
     RanksSpawned,
@@ -56,7 +57,7 @@ from perfmon.messages.telemetry import (
 __all__ = [
     "COMMAND_NAMES", "Command", "CommandError", "CommandName", "parse_command",
     "LEGACY_PROC_MEM_REASON", "PROC_NO_CONTEXT", "PROC_NOT_VISIBLE", "AgentWarning", "Breakdown", "Bulk", "CommandResult", "CudaMem", "Event",
-    "Exit", "GpuSample", "Hello", "HostSample", "Invalid", "LoaderSettings", "Message", "ModelInfo", "OpStat",
+    "Exec", "Exit", "GpuSample", "Hello", "HostSample", "Invalid", "LoaderSettings", "Message", "ModelInfo", "OpStat",
     "OptimizerFlags", "Other", "ProfileStarted", "ProfileWindow", "RanksSpawned", "Reset", "Sample", "StepRows", "TraceFinding",
     "WindowEdge", "as_sent", "children_name", "merged", "parse", "training_loader",
 ]

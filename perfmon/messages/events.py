@@ -70,6 +70,15 @@ class RanksSpawned(Event):
     world_size: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exec(Event):
+    """The script replaced itself with another program (``os.exec*``) at ``t``: the agent's recording ends here, and
+    the new program's exit is recorded only by a launcher that waits on it."""
+
+    program: str | None = None
+    t: float | None = None
+
+
 def parse_event(msg: dict[str, Any], seq: int | None) -> Message:
     kind, t = msg.get("kind"), num(msg.get("t"))
     if kind == "exit":
@@ -78,6 +87,8 @@ def parse_event(msg: dict[str, Any], seq: int | None) -> Message:
                     traceback=text(msg.get("traceback")), t=t, agent_errors=counts(msg.get("agent_errors")))
     if kind in ("window_started", "window_stopped") and t is not None:
         return WindowEdge(seq=seq, started=kind == "window_started", t=float(t), what=text(msg.get("what")))
+    if kind == "exec":
+        return Exec(seq=seq, program=text(msg.get("program")), t=t)
     if kind == "profile_started":
         return ProfileStarted(seq=seq, reason=text(msg.get("reason")), t=t)
     if kind == "command_result":

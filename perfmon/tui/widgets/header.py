@@ -113,6 +113,8 @@ class HeaderInfo:
                 kind = "failed"
                 if state.exit.exception and state.exit.code not in (None, 0):
                     status = f"{status}, exit {state.exit.code}"
+        elif stream_ended and state.execed is not None:
+            kind = "ended"  # the script became another program, which perfmon does not follow
         elif stream_ended:
             status, kind = "stream ended, no exit recorded", "ended"
         if state.exit is None and stream_ended and state.last_end is not None:
