@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from perfmon.agent import hooks as hooks_mod
 from perfmon.agent.hooks import Instrumentation
 from perfmon.agent.native import event_buffer
-from perfmon.agent.steps import STEADY, expand_steady
+from perfmon.agent.steps import NEW_EPOCH_BEGINS, STEADY, expand_steady
 
 HOT = hooks_mod.accelerator()
 needs_hot = pytest.mark.skipif(HOT is None, reason="the C hot path is not built here (no C compiler at install)")
@@ -347,7 +347,8 @@ def test_hooks_end_their_phase_and_reraise_when_the_call_fails(accelerated):
 @pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
 def test_an_epoch_is_timed_from_its_iterator_to_the_fetch_that_finds_the_loader_done(accelerated):
     """``iter(loader)`` is data (it starts the workers of a loader without persistent ones: seconds under spawn,
-    every epoch), and the fetch that raises StopIteration ends as ("data", False), not as a fetch of no tensor."""
+    every epoch) that says a loader's epoch begins (no batch: the tracker must not count it as another loop's
+    fetch), and the fetch that raises StopIteration ends as ("data", False), not as a fetch of no tensor."""
     events: list[tuple[int, Any]] = []
     inst = Instrumentation(lambda code, arg=None: events.append((code, arg)), lambda *a: None, accelerated=accelerated)
     inst.install()
@@ -357,7 +358,7 @@ def test_an_epoch_is_timed_from_its_iterator_to_the_fetch_that_finds_the_loader_
         for _ in range(2):
             for _batch in loader:
                 pass
-        epoch = [(0, "data"), (1, ("data", None)), (0, "data"), (1, ("data", 2)), (0, "data"), (1, ("data", 2)),
+        epoch = [(0, NEW_EPOCH_BEGINS), (1, ("data", None)), (0, "data"), (1, ("data", 2)), (0, "data"), (1, ("data", 2)),
                  (0, "data"), (1, ("data", False))]
         assert events == epoch + epoch
         assert inst.loaders and inst.bounds.in_data == 0 and inst.bounds.depth == 0
@@ -857,3 +858,43 @@ def test_a_ctrl_c_inside_the_alarm_reaches_the_training_thread_after_the_append(
     ring.append((1, 0.0, None, None))
     for _ in range(10_000):
         pass
+
+
+def _records(n: int) -> list[dict[str, Any]]:
+    return [{"image": torch.zeros(3, 5 + i % 3, 4), "label": i} for i in range(n)]
+
+
+@pytest.mark.parametrize("accelerated", [False, pytest.param(True, marks=needs_hot)], ids=["python", "c"])
+@pytest.mark.parametrize(("collate", "samples"), [
+    ("stacked", 6),  # (x, y): the first tensor's leading dimension
+    ("dict", 6),  # {"x": ..., "y": ...}
+    ("nested", 6),  # ((x1, x2), y): two views, each (6, ...)
+    ("records", 6),  # detectron2's trivial_batch_collator: a list of per-image dicts (3-channel images)
+    ("detection", 6),  # torchvision detection's tuple(zip(*batch)): (images of different sizes, target dicts)
+    ("scalar", None),  # a 0-d tensor says nothing
+    ("empty", None),
+])
+def test_a_fetchs_samples_are_its_batch_size_whatever_the_collate(accelerated, collate, samples):
+    """The samples of a fetch (samples/s) in C and in Python alike: a batch of per-sample records counted 3 (its
+    first image's channels) where the script trains on 6."""
+    batch = {
+        "stacked": lambda: (torch.zeros(6, 3), torch.zeros(6)),
+        "dict": lambda: {"x": torch.zeros(6, 3), "y": torch.zeros(6)},
+        "nested": lambda: ((torch.zeros(6, 3), torch.zeros(6, 3)), torch.zeros(6)),
+        "records": lambda: _records(6),
+        "detection": lambda: (tuple(r["image"] for r in _records(6)), tuple(_records(6))),
+        "scalar": lambda: torch.tensor(1.0),
+        "empty": lambda: [],
+    }[collate]
+    events: list[tuple[int, Any]] = []
+    inst = Instrumentation(lambda code, arg=None: events.append((code, arg)), lambda *a: None, accelerated=accelerated)
+    inst.install()
+    inst.fast = lambda ev: events.append((ev[0], ev[2]))
+    try:
+        for _ in DataLoader(range(2), batch_size=1, collate_fn=lambda _: batch()):
+            pass
+    finally:
+        inst.uninstall()
+    fetched = [arg[1] for code, arg in events if code == 1 and isinstance(arg, tuple) and arg[0] == "data"
+               and arg[1] is not False]
+    assert fetched[1:] == [samples, samples]  # after iter(loader)'s

@@ -14,6 +14,7 @@ from perfmon.agent.steps import (
     END,
     EVALGRAD,
     GRAD,
+    NEW_EPOCH_BEGINS,
     NOGRAD,
     OPTIMIZER_CREATED,
     PREFETCH,
@@ -791,12 +792,15 @@ def test_an_evaluation_that_calls_no_trained_module_is_outside_the_next_step(zip
     tracker = StepTracker()
     s = Seq().mark(OPTIMIZER_CREATED)
     for epoch in range(3):
+        for _ in range(zipped):
+            s.phase("data", 3, arg=NEW_EPOCH_BEGINS)  # iter(loader): its workers start
         for _ in range(4):
             for _ in range(zipped):
                 s.phase("data", 1, 8)
             (s.gap(2) if compiled else s.forward(2)).phase("backward", 2).phase("optimizer", 1)
         s.phase("data", 4, False)  # the training loader's end
         if epoch < 2:
+            s.phase("data", 3, arg=NEW_EPOCH_BEGINS)
             for _ in range(5):
                 s.phase("data", 2, 100).gap(3)  # model.encoder(x) under no_grad: not timed
             if val_end:
@@ -804,11 +808,35 @@ def test_an_evaluation_that_calls_no_trained_module_is_outside_the_next_step(zip
     steps = s.run(tracker)
     assert tracker.finish() is None and len(steps) == 12
     assert [r.samples for r in steps] == [8 * zipped] * 12
+    # an epoch's first step: its loaders' new epochs and its own fetches
     first = steps[4].phases["data"], steps[8].phases["data"]
-    assert first == (pytest.approx(0.001 * zipped), pytest.approx(0.001 * zipped))
-    # the training loader's end before the probe, the probe and its loader's end; the last epoch's end is "other"
-    assert tracker.outside["evaluation"] == pytest.approx(2 * (0.004 + 5 * 0.005 + 0.001 * val_end))
+    assert first == (pytest.approx(0.004 * zipped), pytest.approx(0.004 * zipped))
+    # the training loader's end before the probe, the probe (its loader's start, its batches, its end); the last
+    # epoch's end is "other"
+    assert tracker.outside["evaluation"] == pytest.approx(2 * (0.004 + 0.003 + 5 * 0.005 + 0.001 * val_end))
     assert tracker.outside["other"] == pytest.approx(0.004)
+
+
+@pytest.mark.parametrize("zipped", [1, 2], ids=["one-loader", "two-loaders-zipped"])
+def test_a_loaders_new_epoch_is_the_next_steps_data_never_evaluation(zipped):
+    """``iter(loader)`` at each epoch (a loader without persistent workers starts them there: seconds) is the data
+    of the epoch's first step, with the last epoch's end; it is no batch of another loop (19% of a plain epoch
+    loop with two workers read as evaluation)."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(3):
+        for _ in range(zipped):
+            s.phase("data", 30, arg=NEW_EPOCH_BEGINS)
+        for _ in range(4):
+            for _ in range(zipped):
+                s.phase("data", 1, 8)
+            s.forward(2).phase("backward", 2).phase("optimizer", 1)
+        s.phase("data", 4, False)
+    steps = s.run(tracker)
+    assert tracker.finish() is None and len(steps) == 12
+    assert [r.samples for r in steps] == [8 * zipped] * 12
+    assert steps[4].phases["data"] == steps[8].phases["data"] == pytest.approx(0.004 + 0.031 * zipped)
+    assert tracker.outside["evaluation"] == 0 and tracker.outside["other"] == pytest.approx(0.004)
 
 
 def test_an_epochs_end_before_a_zipped_step_stays_its_data():

@@ -724,9 +724,34 @@ static void step_ended(State *st, PyObject *inst) {
     Py_XDECREF(r);
 }
 
-/* hooks.batch_size: leading dimension of the first tensor found (a few containers deep); NULL with no error
- * for None. A failure of an odd batch type is None, as in Python (only non-Exception errors propagate). */
+/* A list or tuple whose first item is a dict: per-sample records (detectron2's list of dicts, torchvision
+ * detection's targets); 1 for a dict first, 0 for not, -1 with an error set. */
+static int records(PyObject *seq) {
+    if (!PyList_Check(seq) && !PyTuple_Check(seq)) return 0;
+    if (PySequence_Size(seq) <= 0) return PyErr_Occurred() ? -1 : 0;
+    PyObject *first = PySequence_GetItem(seq, 0);
+    if (first == NULL) return -1;
+    int r = PyDict_Check(first);
+    Py_DECREF(first);
+    return r;
+}
+
+/* hooks.batch_size: leading dimension of the first tensor found (a few containers deep), or the number of records
+ * of a batch of per-sample records (hooks.batch_size says which); NULL with no error for None. A failure of an odd
+ * batch type is None, as in Python (only non-Exception errors propagate). */
 static PyObject *batch_size(PyObject *batch, PyObject *tensor_type) {
+    int rec = records(batch);
+    if (rec < 0) goto failed;
+    if (rec) return PyLong_FromSsize_t(PySequence_Size(batch));
+    if ((PyList_Check(batch) || PyTuple_Check(batch)) && PySequence_Size(batch) >= 2) {
+        PyObject *second = PySequence_GetItem(batch, 1);
+        if (second == NULL) goto failed;
+        rec = records(second);
+        Py_ssize_t n = rec > 0 ? PySequence_Size(second) : 0;
+        Py_DECREF(second);
+        if (rec < 0 || n < 0) goto failed;
+        if (rec) return PyLong_FromSsize_t(n);
+    }
     Py_INCREF(batch);
     for (int depth = 0; depth < 4; depth++) {
         int is_tensor = PyObject_IsInstance(batch, tensor_type);

@@ -46,6 +46,8 @@ from perfmon.agent.steps import (
     END_BOUNDARY,
     EVALGRAD,
     GRAD,
+    NEW_EPOCH_BEGINS,
+    NEW_EPOCH_ENDS,
     NOGRAD,
     OPTIMIZER_CREATED,
     PREFETCH,
@@ -90,8 +92,18 @@ _DISCOVERY_CALL_LIMIT = 20_000
 _REDISCOVERY_STEPS = 3
 
 
+def _records(seq: Any) -> bool:
+    return isinstance(seq, list | tuple) and bool(seq) and isinstance(seq[0], dict)
+
+
 def batch_size(batch: Any) -> int | None:
-    """Leading dimension of the first tensor found in a batch (tensor, sequence or mapping)."""
+    """Leading dimension of the first tensor found in a batch (tensor, sequence or mapping); for a batch of
+    per-sample records, their number: a list of dicts (detectron2's, mmdetection's), or a pair whose second item is
+    one (torchvision detection's ``images, targets``: a tuple of images of different sizes, a tuple of dicts)."""
+    if _records(batch):
+        return len(batch)
+    if isinstance(batch, list | tuple) and len(batch) >= 2 and _records(batch[1]):
+        return len(batch[1])
     for _ in range(4):  # nested containers, a few levels deep at most
         if isinstance(batch, torch.Tensor):
             return int(batch.shape[0]) if batch.dim() else None
@@ -352,7 +364,7 @@ class Instrumentation:
                 return hot.Timed(orig, self, bounds, "data", hot.DATA, torch.Tensor)
 
             self._patch(dataloader._BaseDataLoaderIter, "__next__", timed)
-            self._patch(dataloader.DataLoader, "__iter__", lambda orig: self._loader_iter(orig, timed(orig)))
+            self._patch(dataloader.DataLoader, "__iter__", self._loader_iter)
             return
 
         def make(orig: Callable) -> Callable:
@@ -393,7 +405,7 @@ class Instrumentation:
             return __next__
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", make)
-        self._patch(dataloader.DataLoader, "__iter__", lambda orig: self._loader_iter(orig, make(orig)))
+        self._patch(dataloader.DataLoader, "__iter__", self._loader_iter)
 
     def _prefetch(self, orig: Callable, it: Any) -> Any:
         """A fetch on a thread that is not the training thread (a prefetching generator): not a phase of the
@@ -415,11 +427,22 @@ class Instrumentation:
             self._on_error("hooks", exc)
         return batch
 
-    def _loader_iter(self, orig: Callable, timed: Callable) -> Callable:
-        """``DataLoader.__iter__``, timed as *data* on the training thread (``timed``: ``orig`` wrapped as a fetch
-        is): a loader without persistent workers starts them here at every epoch, seconds under spawn, which is
-        input time. A prefetching thread's (which overlaps the steps) is left untimed."""
+    def _loader_iter(self, orig: Callable) -> Callable:
+        """``DataLoader.__iter__``, timed as *data* on the training thread: a loader without persistent workers
+        starts them here at every epoch, seconds under spawn, which is input time. Its event says that a loader's
+        epoch begins (``NEW_EPOCH``), so the tracker never takes it for a batch: it is the data of the step whose
+        fetches follow it. A prefetching thread's (which overlaps the steps) is left untimed. Python, also with
+        the C hooks: once an epoch."""
         bounds = self.bounds
+
+        def timed(loader: Any) -> Any:
+            self.begin("data", NEW_EPOCH_BEGINS)
+            bounds.in_data += 1
+            try:
+                return orig(loader)
+            finally:
+                bounds.in_data -= 1
+                self.end("data", NEW_EPOCH_ENDS)
 
         def __iter__(loader: Any) -> Any:
             try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"

@@ -61,6 +61,10 @@ _steady_steps = HOT.steady_steps if HOT is not None else None
 #: Forward kinds in a ("forward", key, kind) BEGIN arg. EVALGRAD: with grad, the module in eval mode
 #: (``model.eval()`` without ``torch.no_grad()``): an evaluation, unless a backward follows it.
 GRAD, NOGRAD, COPY, EVALGRAD = 0, 1, 2, 3
+#: ``iter(loader)``'s BEGIN and END args: a loader's epoch begins (its workers start), no batch is fetched
+NEW_EPOCH = "new epoch"
+NEW_EPOCH_BEGINS = ("data", NEW_EPOCH, NOGRAD)
+NEW_EPOCH_ENDS = ("data", None)
 
 
 def expand_steady(event: tuple[int, float, Any, Any]) -> list[tuple[int, float, Any, Any]]:
@@ -258,7 +262,7 @@ class _Segment:
     """A top-level data fetch, forward or checkpoint seen before this step's training work began."""
 
     __slots__ = ("kind", "key", "copy", "evalgrad", "paired", "begin", "end", "samples", "mark", "end_mark",
-                 "exhausted")
+                 "exhausted", "opens")
 
     def __init__(self, kind: str, key: Any, forward_kind: int, begin: float, mark: Any, paired: bool = False) -> None:
         self.kind = kind
@@ -272,6 +276,12 @@ class _Segment:
         self.mark = mark
         self.end_mark: Any = None
         self.exhausted = False  # a fetch that raised (the loader's StopIteration at an epoch's end)
+        self.opens = key == NEW_EPOCH  # iter(loader): a loader's epoch begins, no batch
+
+    @property
+    def batch(self) -> bool:
+        """A fetch that brought a batch: neither a loader's end nor its new epoch."""
+        return self.kind == "data" and not self.exhausted and not self.opens
 
 
 def _evaluates(seg: _Segment, trained: set[Any], backward_next: bool) -> bool:
@@ -299,14 +309,19 @@ def _step_begins(segs: list[_Segment], last_eval: int, fetches: int = 0) -> int:
     if not data:
         return last_eval + 1
     start = data[-1]
-    taken = 0 if segs[start].exhausted else 1
+    taken = int(segs[start].batch)
     full = start if fetches and taken >= fetches else -1  # where the step's own fetches are all taken
     while start - 1 > floor and segs[start - 1].kind == "data":
         prev = segs[start - 1]
-        if full >= 0 and not prev.exhausted:
-            return full  # an extra fetch, and the loader ends between it and the step's: another loop's
-        start -= 1  # several loaders fetched together (a zip of two DataLoaders), or an epoch's end
-        if not prev.exhausted:
+        if full >= 0 and prev.batch:  # an extra fetch: another loop's (an evaluation's). Between it and the
+            begin = full  # step's fetches, a loader's end is that loop's; a new epoch after the last end the step's
+            for k in range(full - 1, start - 1, -1):
+                if segs[k].exhausted:
+                    break
+                begin = k
+            return begin
+        start -= 1  # several loaders fetched together (a zip of two DataLoaders), an epoch's end or start
+        if prev.batch:
             taken += 1
             if fetches and taken >= fetches:
                 full = start
@@ -608,7 +623,7 @@ class StepTracker:
             return
         if len(segs) == 1 and segs[0].kind == "data":
             # a DataLoader loop's every step: its fetch began it (what the general case below decides)
-            if not segs[0].exhausted:
+            if segs[0].batch:
                 self._fetches = 1
             _absorb(part, segs)
             self._segments = []
@@ -617,7 +632,7 @@ class StepTracker:
         trained = self._trained
         last_eval = max((i for i, s in enumerate(segs) if _evaluates(s, trained, backward_next)), default=-1)
         start = _step_begins(segs, last_eval, self._fetches)
-        fetches = sum(1 for s in segs[start:] if s.kind == "data" and not s.exhausted)
+        fetches = sum(1 for s in segs[start:] if s.batch)
         if fetches:
             self._fetches = fetches
         saved = start
@@ -672,8 +687,10 @@ class StepTracker:
         segs = self._segments[:upto]
         ckpt = min(total, sum(s.end - s.begin for s in segs if s.kind == CHECKPOINT))
         self.outside["checkpoint"] += ckpt
-        # an epoch's end (the fetch that finds the loader done, and its workers' shutdown) is not evaluation
-        kind = "evaluation" if any(s.kind != CHECKPOINT and not s.exhausted for s in segs) else "other"
+        # an epoch's end (the fetch that finds the loader done, and its workers' shutdown) and a loader's new epoch
+        # (its workers' start) are not evaluation
+        evaluated = any(s.kind != CHECKPOINT and not s.exhausted and not s.opens for s in segs)
+        kind = "evaluation" if evaluated else "other"
         self.outside[kind] += total - ckpt
 
     def _commit(self) -> StepRecord | None:
