@@ -625,7 +625,8 @@ LOOP_SHAPES = [
     ("custom_loop_explicit_api", "demos/custom_loop.py", ["--steps", "20", "--batch-size", "8"], 20,
      ("data", "forward", "backward", "optimizer"), None),
     ("sibling_import", "demos/loops/sibling_import.py", ["--steps", "6"], 6, ("forward", "backward", "optimizer"), None),
-    ("workers_fork", "demos/loops/workers.py", ["--steps", "6", "--context", "fork"], 6, ("data", "forward", "optimizer"), 16),
+    ("workers_fork", "demos/loops/workers.py", ["--steps", "6", "--context", "fork", "--epochs", "2"], 6,
+     ("data", "forward", "optimizer"), 16),
     ("workers_spawn", "demos/loops/workers.py", ["--steps", "6", "--context", "spawn"], 6, ("data", "forward", "optimizer"), 16),
 ]
 
@@ -649,6 +650,8 @@ def test_loop_shape_counts_exact_steps(env, tmp_path, script, args, steps, phase
     assert abs(sum(p["share"] for p in rep["phases"].values()) - 1.0) <= SHARE_TOL
     if per_step is not None:
         assert rep["samples_per_s"] == pytest.approx(rep["steps_per_s"] * per_step, rel=0.03)
+    if "eval_loop" not in script:  # the workers' start and shutdown at each epoch are the steps' data, never evaluation
+        assert rep["outside_steps"]["evaluation"]["ms"] == 0, rep["outside_steps"]
     if script.endswith("sibling_import.py"):
         assert "helper_mod imported" in res.stdout
 
