@@ -112,3 +112,23 @@ def test_a_restarted_rank_replaces_its_first_attempt(tmp_path: Path) -> None:
     old = {"type": "steps", "seq": 10**6, RANK_KEY: 1, "fields": ["i"], "rows": [[999]]}
     job.apply(old)  # a late message of attempt 0
     assert job.ranks[1].steps == 120
+
+
+def test_the_job_summary_says_the_time_outside_steps(tmp_path: Path) -> None:
+    """The headless job summary (torchrun, accelerate launch) had no "outside" line where a single run's has one:
+    evaluation between epochs showed only in the JSON."""
+    from perfmon import protocol
+    from perfmon.analysis.job_report import build_job_summary, format_job_summary
+
+    job_dir = write_job(tmp_path / "job", world=2, steps=100, telemetry=False, profile=False)
+    job = JobState()
+    for msg in drain(JobSource(job_dir, follow=False)):
+        job.apply(msg)
+    text = format_job_summary(job, build_job_summary(job, job_dir))
+    assert "outside" not in text
+    extra = protocol.message("steps", fields=list(protocol.STEP_FIELDS), rows=[], seq=10_000,
+                             outside={"evaluation_ms": 1_000.0})
+    job.apply({**extra, RANK_KEY: 0})
+    text = format_job_summary(job, build_job_summary(job, job_dir))
+    line = next(line for line in text.splitlines() if line.strip().startswith("outside"))
+    assert "evaluation" in line and "of wall time" in line and "(rank 0)" in line, text

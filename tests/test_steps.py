@@ -15,6 +15,7 @@ from perfmon.agent.steps import (
     EVALGRAD,
     GRAD,
     NEW_EPOCH_BEGINS,
+    NEW_EVAL_EPOCH_BEGINS,
     NOGRAD,
     OPTIMIZER_CREATED,
     PREFETCH,
@@ -524,7 +525,9 @@ def test_evaluation_between_steps_is_outside_time_not_the_next_step():
     assert len(steps) == 6
     after = steps[3]
     assert after.samples == 8 and after.duration == pytest.approx(0.007)
-    assert tracker.outside["evaluation"] == pytest.approx(20 * 0.007 + 0.0005)
+    # what ran before the validation's first fetch (the step's zero_grad, logging) is "other"
+    assert tracker.outside["evaluation"] == pytest.approx(20 * 0.007)
+    assert tracker.outside["other"] == pytest.approx(0.0005)
 
 
 def _validated_mid_window(validation: Callable[[Seq], object]) -> Seq:
@@ -777,7 +780,9 @@ def test_validation_after_an_epochs_end_is_still_evaluation():
             for _ in range(3):
                 s.phase("data", 2, 64).nograd_forward(3)
     assert len(s.run(tracker)) == 4
-    assert tracker.outside["evaluation"] == pytest.approx(0.004 + 3 * 0.005)
+    # the epoch's end before the validation is "other"
+    assert tracker.outside["evaluation"] == pytest.approx(3 * 0.005)
+    assert tracker.outside["other"] == pytest.approx(0.004)
 
 
 @pytest.mark.parametrize("zipped", [1, 2], ids=["one-loader", "two-loaders-zipped"])
@@ -800,7 +805,7 @@ def test_an_evaluation_that_calls_no_trained_module_is_outside_the_next_step(zip
             (s.gap(2) if compiled else s.forward(2)).phase("backward", 2).phase("optimizer", 1)
         s.phase("data", 4, False)  # the training loader's end
         if epoch < 2:
-            s.phase("data", 3, arg=NEW_EPOCH_BEGINS)
+            s.phase("data", 3, arg=NEW_EVAL_EPOCH_BEGINS)  # under no_grad (or the model in eval mode)
             for _ in range(5):
                 s.phase("data", 2, 100).gap(3)  # model.encoder(x) under no_grad: not timed
             if val_end:
@@ -811,10 +816,10 @@ def test_an_evaluation_that_calls_no_trained_module_is_outside_the_next_step(zip
     # an epoch's first step: its loaders' new epochs and its own fetches
     first = steps[4].phases["data"], steps[8].phases["data"]
     assert first == (pytest.approx(0.004 * zipped), pytest.approx(0.004 * zipped))
-    # the training loader's end before the probe, the probe (its loader's start, its batches, its end); the last
-    # epoch's end is "other"
-    assert tracker.outside["evaluation"] == pytest.approx(2 * (0.004 + 0.003 + 5 * 0.005 + 0.001 * val_end))
-    assert tracker.outside["other"] == pytest.approx(0.004)
+    # the probe (its loader's start, its batches, its end); the training loader's end before it, and the last
+    # epoch's, are "other"
+    assert tracker.outside["evaluation"] == pytest.approx(2 * (0.003 + 5 * 0.005 + 0.001 * val_end))
+    assert tracker.outside["other"] == pytest.approx(3 * 0.004)
 
 
 @pytest.mark.parametrize("zipped", [1, 2], ids=["one-loader", "two-loaders-zipped"])
@@ -837,6 +842,49 @@ def test_a_loaders_new_epoch_is_the_next_steps_data_never_evaluation(zipped):
     assert [r.samples for r in steps] == [8 * zipped] * 12
     assert steps[4].phases["data"] == steps[8].phases["data"] == pytest.approx(0.004 + 0.031 * zipped)
     assert tracker.outside["evaluation"] == 0 and tracker.outside["other"] == pytest.approx(0.004)
+
+
+@pytest.mark.parametrize("probe", [False, True], ids=["", "probe-between-epochs"])
+def test_a_loader_that_fetches_ahead_keeps_every_batch_in_the_steps(probe):
+    """accelerate's prepared DataLoader fetches one batch ahead: an epoch's first step fetches two (its own and
+    the next), its last none (the fetch ahead finds the loader done before it trains). Those two follow a training
+    loader's new epoch: both the step's, not one another loop's (every epoch after the first lost a batch to
+    "evaluation"). A probe between the epochs (its loader iterated under no_grad) is still evaluation."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for epoch in range(3):
+        s.phase("data", 2, arg=NEW_EPOCH_BEGINS).phase("data", 1, 8)
+        for i in range(4):
+            s.phase("data", 1, 8 if i < 3 else False)  # the batch ahead; the last finds the loader done
+            s.forward(2).phase("backward", 2).phase("optimizer", 1)
+        if probe and epoch < 2:
+            s.phase("data", 3, arg=NEW_EVAL_EPOCH_BEGINS)
+            for _ in range(5):
+                s.phase("data", 2, 100).gap(3)
+            s.phase("data", 1, False)
+    steps = s.run(tracker)
+    assert tracker.finish() is None and len(steps) == 12
+    assert sum(r.samples or 0 for r in steps) == 3 * 4 * 8
+    assert [r.samples for r in steps][:5] == [16, 8, 8, None, 16]
+    assert steps[4].phases["data"] == pytest.approx(0.004)
+    assert tracker.outside["evaluation"] == pytest.approx(2 * (0.003 + 5 * 0.005 + 0.001) if probe else 0)
+
+
+def test_an_update_after_the_step_before_acting_is_other_not_evaluation():
+    """Reinforcement learning without a DataLoader: a Polyak (soft) update of the target networks after the
+    optimizer step, then acting with the trained policy under no_grad until the next update. The acting is
+    evaluation (a no-grad pass of the trained model); the update before it is not (it read as evaluation too)."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(4):
+        s.forward(2).phase("backward", 2).phase("optimizer", 1).gap(5)  # the soft update: no module call
+        for _ in range(3):
+            s.nograd_forward(1).gap(2)  # acting, then the environment's step
+    steps = s.run(tracker)
+    assert len(steps) == 4
+    tracker.finish()  # the last update's acting too
+    assert tracker.outside["other"] == pytest.approx(4 * 0.005)
+    assert tracker.outside["evaluation"] == pytest.approx(4 * 3 * 0.003 - 0.002)  # to its last event
 
 
 def test_an_epochs_end_before_a_zipped_step_stays_its_data():

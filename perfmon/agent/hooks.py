@@ -48,6 +48,7 @@ from perfmon.agent.steps import (
     GRAD,
     NEW_EPOCH_BEGINS,
     NEW_EPOCH_ENDS,
+    NEW_EVAL_EPOCH_BEGINS,
     NOGRAD,
     OPTIMIZER_CREATED,
     PREFETCH,
@@ -430,13 +431,14 @@ class Instrumentation:
     def _loader_iter(self, orig: Callable) -> Callable:
         """``DataLoader.__iter__``, timed as *data* on the training thread: a loader without persistent workers
         starts them here at every epoch, seconds under spawn, which is input time. Its event says that a loader's
-        epoch begins (``NEW_EPOCH``), so the tracker never takes it for a batch: it is the data of the step whose
-        fetches follow it. A prefetching thread's (which overlaps the steps) is left untimed. Python, also with
-        the C hooks: once an epoch."""
+        epoch begins, for training or not (``NEW_EPOCH``, ``NEW_EVAL_EPOCH``), so the tracker never takes it for a
+        batch: a training loader's is the data of the step whose fetches follow it, with the batches it fetches
+        ahead. A prefetching thread's (which overlaps the steps) is left untimed. Python, also with the C hooks:
+        once an epoch."""
         bounds = self.bounds
 
-        def timed(loader: Any) -> Any:
-            self.begin("data", NEW_EPOCH_BEGINS)
+        def timed(loader: Any, training: bool) -> Any:
+            self.begin("data", NEW_EPOCH_BEGINS if training else NEW_EVAL_EPOCH_BEGINS)
             bounds.in_data += 1
             try:
                 return orig(loader)
@@ -445,13 +447,15 @@ class Instrumentation:
                 self.end("data", NEW_EPOCH_ENDS)
 
         def __iter__(loader: Any) -> Any:
+            training = True
             try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"
-                settings = loader_settings(loader, self._iterating_for_training())
+                training = self._iterating_for_training()
+                settings = loader_settings(loader, training)
                 self.loaders.pop(id(loader), None)  # the newest last: a validation loader's epoch is not the last
                 self.loaders[id(loader)] = settings  # training loader's
             except Exception as exc:  # noqa: BLE001
                 self._on_error("loader", exc)
-            return timed(loader) if bounds.train_thread == get_ident() else orig(loader)
+            return timed(loader, training) if bounds.train_thread == get_ident() else orig(loader)
 
         return __iter__
 

@@ -61,9 +61,11 @@ _steady_steps = HOT.steady_steps if HOT is not None else None
 #: Forward kinds in a ("forward", key, kind) BEGIN arg. EVALGRAD: with grad, the module in eval mode
 #: (``model.eval()`` without ``torch.no_grad()``): an evaluation, unless a backward follows it.
 GRAD, NOGRAD, COPY, EVALGRAD = 0, 1, 2, 3
-#: ``iter(loader)``'s BEGIN and END args: a loader's epoch begins (its workers start), no batch is fetched
-NEW_EPOCH = "new epoch"
+#: ``iter(loader)``'s BEGIN and END args: a loader's epoch begins (its workers start), no batch is fetched; for
+#: training (grad enabled, the model in train mode) or not (an evaluation's loader, as a rule)
+NEW_EPOCH, NEW_EVAL_EPOCH = "new epoch", "new evaluation epoch"
 NEW_EPOCH_BEGINS = ("data", NEW_EPOCH, NOGRAD)
+NEW_EVAL_EPOCH_BEGINS = ("data", NEW_EVAL_EPOCH, NOGRAD)
 NEW_EPOCH_ENDS = ("data", None)
 
 
@@ -262,7 +264,7 @@ class _Segment:
     """A top-level data fetch, forward or checkpoint seen before this step's training work began."""
 
     __slots__ = ("kind", "key", "copy", "evalgrad", "paired", "begin", "end", "samples", "mark", "end_mark",
-                 "exhausted", "opens")
+                 "exhausted", "opens", "trains")
 
     def __init__(self, kind: str, key: Any, forward_kind: int, begin: float, mark: Any, paired: bool = False) -> None:
         self.kind = kind
@@ -276,7 +278,8 @@ class _Segment:
         self.mark = mark
         self.end_mark: Any = None
         self.exhausted = False  # a fetch that raised (the loader's StopIteration at an epoch's end)
-        self.opens = key == NEW_EPOCH  # iter(loader): a loader's epoch begins, no batch
+        self.opens = key == NEW_EPOCH or key == NEW_EVAL_EPOCH  # iter(loader): a loader's epoch begins, no batch
+        self.trains = key == NEW_EPOCH  # and it begins for training
 
     @property
     def batch(self) -> bool:
@@ -313,8 +316,18 @@ def _step_begins(segs: list[_Segment], last_eval: int, fetches: int = 0) -> int:
     full = start if fetches and taken >= fetches else -1  # where the step's own fetches are all taken
     while start - 1 > floor and segs[start - 1].kind == "data":
         prev = segs[start - 1]
-        if full >= 0 and prev.batch:  # an extra fetch: another loop's (an evaluation's). Between it and the
-            begin = full  # step's fetches, a loader's end is that loop's; a new epoch after the last end the step's
+        if full >= 0 and prev.batch:
+            k = start - 1
+            while k > floor and segs[k].batch:
+                k -= 1
+            if k > floor and segs[k].trains:  # a training loader's epoch began with them: its fetches ahead of
+                j = k  # the step (accelerate's loader fetches one batch ahead), and the last epoch's end if the
+                while j - 1 > floor and segs[j - 1].exhausted:  # run begins there (nothing else ended before it)
+                    j -= 1
+                return k if j - 1 > floor and segs[j - 1].kind == "data" else j
+            # an extra fetch: another loop's (an evaluation's). Between it and the step's fetches, a loader's end
+            # is that loop's; a new epoch after the last end the step's
+            begin = full
             for k in range(full - 1, start - 1, -1):
                 if segs[k].exhausted:
                     break
@@ -687,11 +700,17 @@ class StepTracker:
         segs = self._segments[:upto]
         ckpt = min(total, sum(s.end - s.begin for s in segs if s.kind == CHECKPOINT))
         self.outside["checkpoint"] += ckpt
-        # an epoch's end (the fetch that finds the loader done, and its workers' shutdown) and a loader's new epoch
-        # (its workers' start) are not evaluation
-        evaluated = any(s.kind != CHECKPOINT and not s.exhausted and not s.opens for s in segs)
-        kind = "evaluation" if evaluated else "other"
-        self.outside[kind] += total - ckpt
+        # an epoch's end (the fetch that finds the loader done, and its workers' shutdown) and a training loader's
+        # new epoch (its workers' start) are not evaluation; what comes before the evaluation's first fetch or pass
+        # (an EMA or Polyak update after the optimizer step, the next stage's loader built) is not either
+        first = next((s for s in segs if s.kind != CHECKPOINT and not s.exhausted and not s.trains), None)
+        if first is None or not any(s.kind != CHECKPOINT and not s.exhausted and not s.opens for s in segs):
+            self.outside["other"] += total - ckpt
+            return
+        lead = first.begin - part.start - sum(s.end - s.begin for s in segs if s.kind == CHECKPOINT and s.end <= first.begin)
+        lead = min(max(0.0, lead), total - ckpt)
+        self.outside["other"] += lead
+        self.outside["evaluation"] += total - ckpt - lead
 
     def _commit(self) -> StepRecord | None:
         done = self._done

@@ -14,6 +14,7 @@ from perfmon.analysis.report import (
     build_summary,
     format_duration,
     format_saved_finding,
+    outside_line,
     write_summary,
 )
 from perfmon.analysis.rules import Config, evaluate_job, evaluate_once
@@ -129,6 +130,7 @@ def format_job_summary(job: JobState, summary: dict[str, Any]) -> str:
         f"  run dir   {s['run_dir']}",
         f"  status    {job_status(job)}",
         f"  steps     {s['steps']} (rank {min(job.ranks)}) in {format_duration(s['elapsed_s'])}",
+        *([line + f" (rank {min(job.ranks)})"] if (line := outside_line(s["outside_steps"])) else []),
         "",
         f"  per rank (mean ms per step of each phase, {STEADY_WORDS})",
         *rank_table(rank_rows(job)),

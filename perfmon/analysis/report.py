@@ -157,6 +157,13 @@ def build_summary(state: RunState, findings: list[Any] | None = None) -> dict[st
     }
 
 
+def outside_line(outside_steps: dict[str, Any]) -> str | None:
+    """The summary's line of time outside steps (``outside_steps`` of a summary), or None where there is none."""
+    # a kind under 0.05% of the time reads "0.0%": noise (a step cut short by a signal), left to the JSON
+    kinds = [f"{kind} {v['share'] * 100:.1f}%" for kind, v in outside_steps.items() if v["ms"] and v["share"] >= 0.0005]
+    return f"  {'outside':<10} {', '.join(kinds)} of wall time (not in any step)" if kinds else None
+
+
 def _outside(state: RunState) -> dict[str, Any]:
     """Time outside training steps: ms and share of wall time per kind (evaluation, checkpoint, other)."""
     shares = state.outside_shares() or {}
@@ -305,11 +312,9 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
     if s.get("first_step_ms") is not None:
         lines.append(f"  {'first':<10} {_fmt_ms(s['first_step_ms']):>10} ms, left out of the table and the rates "
                      "(warm-up: first calls, compilation, setup before the loop)")
-    # a kind under 0.05% of the time reads "0.0%": noise (a step cut short by a signal), left to the JSON
-    outside = [f"{kind} {v['share'] * 100:.1f}%" for kind, v in s["outside_steps"].items()
-               if v["ms"] and v["share"] >= 0.0005]
+    outside = outside_line(s["outside_steps"])
     if outside:
-        lines.append(f"  {'outside':<10} {', '.join(outside)} of wall time (not in any step)")
+        lines.append(outside)
     if s["closures_per_step"]:
         lines.append(f"  {'closures':<10} {s['closures_per_step']:.1f} evaluations per step (optimizer.step(closure))")
     if s.get("prefetch_share"):
