@@ -871,6 +871,8 @@ def _records(n: int) -> list[dict[str, Any]]:
     ("nested", 6),  # ((x1, x2), y): two views, each (6, ...)
     ("records", 6),  # detectron2's trivial_batch_collator: a list of per-image dicts (3-channel images)
     ("detection", 6),  # torchvision detection's tuple(zip(*batch)): (images of different sizes, target dicts)
+    ("dict-and-labels", 6),  # default_collate of (inputs_dict, label) pairs: [batched dict, labels], no records
+    ("inputs-and-targets", 6),  # of (inputs_dict, targets_dict) pairs: two batched dicts, other keys
     ("scalar", None),  # a 0-d tensor says nothing
     ("empty", None),
 ])
@@ -883,6 +885,8 @@ def test_a_fetchs_samples_are_its_batch_size_whatever_the_collate(accelerated, c
         "nested": lambda: ((torch.zeros(6, 3), torch.zeros(6, 3)), torch.zeros(6)),
         "records": lambda: _records(6),
         "detection": lambda: (tuple(r["image"] for r in _records(6)), tuple(_records(6))),
+        "dict-and-labels": lambda: [{"ids": torch.zeros(6, 5), "mask": torch.ones(6, 5)}, torch.zeros(6)],
+        "inputs-and-targets": lambda: [{"ids": torch.zeros(6, 5)}, {"boxes": torch.zeros(6, 4)}],
         "scalar": lambda: torch.tensor(1.0),
         "empty": lambda: [],
     }[collate]

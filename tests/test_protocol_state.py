@@ -446,6 +446,9 @@ def test_an_uncounted_flop_figure_points_at_f_only_while_the_job_runs() -> None:
     ([protocol.message("event", kind="exec", program="bash", t=1.0)], "replaced itself with bash (os.exec*)"),
     ([protocol.message("event", kind="exec", program=None, t=1.0)], "replaced itself with another program (os.exec*)"),
     ([protocol.message("event", kind="exec", program=7, t=1.0)], "replaced itself with another program (os.exec*)"),
+    # the exec failed: the script goes on
+    ([protocol.message("event", kind="exec", program="bad.sh", t=1.0),
+      protocol.message("event", kind="exec", failed=True, t=1.1)], "running"),
     # a launcher recorded the new program's exit: that is how the job ended
     ([protocol.message("event", kind="exec", program="bash", t=1.0),
       protocol.message("event", kind="exit", code=3, t=2.0)], "exited 3"),

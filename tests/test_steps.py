@@ -1114,3 +1114,153 @@ def test_feed_many_takes_the_fast_path_on_steady_loops_only():
     assert batched(gan, 0)[1] == 0  # two optimizers: every step goes the general way
     mixed = hook_stream(_mixed(3))
     assert 0 < batched(mixed, 0)[1] < len([e for e in mixed if e[0] == BEGIN and e[2] == "optimizer"])
+
+
+# -- the fetch rules: loops they must not break ---------------------------------------------------------------
+@pytest.mark.parametrize("why", ["teacher-in-eval-mode", "model.train()-in-training_step"])
+def test_fetch_ahead_loader_whose_epoch_began_with_some_root_in_eval_mode_keeps_its_batches(why):
+    """accelerate's loader fetches one batch ahead, in an epoch that began with a root in eval mode (a frozen teacher,
+    DPO's reference model; HF's Trainer calls model.train() inside training_step, so the epoch after evaluate()
+    begins in eval mode): with grad enabled it is a training loader's epoch, and no batch of it is lost."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for epoch in range(3):
+        s.phase("data", 2, arg=NEW_EPOCH_BEGINS).phase("data", 1, 8)
+        for i in range(4):
+            s.phase("data", 1, 8 if i < 3 else False)
+            if why == "teacher-in-eval-mode":
+                s.nograd_forward(1, "teacher")
+            s.forward(2).phase("backward", 2).phase("optimizer", 1)
+        if why != "teacher-in-eval-mode" and epoch < 2:  # Trainer.evaluate(): model.eval(), its own loader
+            s.phase("data", 3, arg=NEW_EVAL_EPOCH_BEGINS)
+            for _ in range(3):
+                s.phase("data", 1, 8).nograd_forward(2)
+            s.phase("data", 1, False)
+    steps = s.run(tracker)
+    assert len(steps) == 12
+    assert sum(r.samples or 0 for r in steps) == 3 * 4 * 8
+    expected_eval = 0 if why == "teacher-in-eval-mode" else 2 * (0.003 + 3 * 0.003)  # its loader's end is the next step's data (README)
+    assert tracker.outside["evaluation"] == pytest.approx(expected_eval)
+
+
+
+def test_a_skipped_batch_is_no_evaluation():
+    """`for batch in loader: if bad(batch): continue` (a collate that drops corrupt samples, a length filter): the
+    step after a skipped batch fetched two; the first is no evaluation's fetch (it was read as one)."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(6):
+        if i == 3:
+            s.phase("data", 5, 8)  # skipped: `continue`
+        s.phase("data", 1, 8).forward(2).phase("backward", 2).phase("optimizer", 1)
+    steps = s.run(tracker)
+    assert len(steps) == 6
+    assert tracker.outside["evaluation"] == 0
+    assert steps[3].phases["data"] == pytest.approx(0.006)
+
+
+def test_a_token_budget_batcher_that_fetches_more_than_last_step_keeps_its_fetches():
+    """A loop that fills each step up to a token budget (`while tokens < budget: batch = next(it)`): a step that
+    fetches more than the one before keeps them all (they were read as evaluation, their samples lost)."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for n in [2, 2, 3, 2, 4, 3]:
+        for _ in range(n):
+            s.phase("data", 1, 8)
+        s.forward(2).phase("backward", 2).phase("optimizer", 1)
+    steps = s.run(tracker)
+    assert [r.samples for r in steps] == [16, 16, 24, 16, 32, 24]
+    assert tracker.outside["evaluation"] == 0
+
+
+
+def test_zip_of_two_fetch_ahead_loaders_of_different_lengths_keeps_the_next_epochs_batches():
+    """Two accelerate-prepared loaders zipped (semi-supervised with accelerate), A shorter than B. At A's last step
+    A's fetch ahead finds A done while B fetches a batch: that step fetched ONE batch, and _fetches becomes 1 (an
+    epoch's end is not what the loop's steps fetch). The next epoch's first step fetches two of A and two of B after
+    their new epochs; both loaders' batches are the step's (A's two became 'evaluation')."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(3):
+        s.phase("data", 2, arg=NEW_EPOCH_BEGINS).phase("data", 1, 8).phase("data", 1, 8)  # A: open, its 1st, ahead
+        s.phase("data", 2, arg=NEW_EPOCH_BEGINS).phase("data", 1, 8).phase("data", 1, 8)  # B: the same
+        s.forward(2).phase("backward", 2).phase("optimizer", 1)
+        for i in range(3):  # A has 4 batches, B more
+            s.phase("data", 1, 8 if i < 2 else False).phase("data", 1, 8)
+            s.forward(2).phase("backward", 2).phase("optimizer", 1)
+        # zip asks A again: A's generator is done (no fetch event): the epoch ends
+    steps = s.run(tracker)
+    assert len(steps) == 12
+    assert [r.samples for r in steps][:8] == [32, 16, 16, 8] * 2
+    assert tracker.outside["evaluation"] == 0
+
+
+def test_feed_many_learns_the_same_fetches_as_feeding_one_by_one():
+    """The Python fast path (_steady) takes a step led by a fetch that found the loader done (accelerate's last
+    step of an epoch: ("data", False), then the training) as no batch, as feed() does: both learn the same count.
+    Here an epoch of two batches through a fetch-ahead loader (first step: 2 fetches), then a batch of a probe
+    whose iterator was made earlier, then the next loader's epoch: the same steps either way."""
+    from test_steps import batched, hook_stream, one_by_one
+
+    s = Seq().mark(OPTIMIZER_CREATED)
+    s.phase("data", 2, arg=NEW_EPOCH_BEGINS).phase("data", 1, 8).phase("data", 1, 8)
+    s.forward(2).phase("backward", 2).phase("optimizer", 1)
+    s.phase("data", 1, False).forward(2).phase("backward", 2).phase("optimizer", 1)
+    s.phase("data", 2, 100).gap(3)  # next(probe_iter): a probe batch, no timed forward
+    s.phase("data", 2, arg=NEW_EPOCH_BEGINS)
+    for _ in range(3):
+        s.phase("data", 1, 8).forward(2).phase("backward", 2).phase("optimizer", 1)
+    events = hook_stream(s)
+    expected = one_by_one(events)
+    got, fast = batched(events, 0)
+    assert fast > 0
+    assert got == expected
+
+
+def test_a_generators_eval_samples_with_grad_before_a_discriminator_step_stay_evaluation():
+    """A GAN over tensors (no DataLoader), DCGAN's order: D(real), backward, G(z), D(fake), backward, optD.step, then
+    G's update. Every few steps it samples with G.eval() and forgets no_grad (EVALGRAD), then G.train(). The next
+    step's D(real) (D in train mode, with grad) now reads as that evaluation's 'paired' loss module, and since a
+    backward follows, the pairing is undone: G's sampling stays outside the step (it went into it)."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(6):
+        s.forward(1, "D").phase("backward", 1).forward(1, "G").forward(1, "D").phase("backward", 1)
+        s.phase("optimizer", 1, opt="optD")
+        s.forward(1, "D").phase("backward", 1).phase("optimizer", 1, opt="optG")
+        if i == 2:
+            s.forward(20, "G", kind=EVALGRAD)  # G.eval(); samples = G(fixed_noise)  (no torch.no_grad())
+    steps = s.run(tracker)
+    assert len(steps) == 6
+    assert tracker.outside["evaluation"] == pytest.approx(0.020)
+    assert steps[3].phases["forward"] == pytest.approx(0.004)
+
+
+def test_hf_trainer_with_accumulation_and_evaluation_each_epoch_keeps_every_batch():
+    """HF Trainer: get_batch_samples fetches a step's gradient_accumulation_steps (4) micro-batches up front from
+    accelerate's loader (one batch ahead), training_step calls model.train(), evaluation_loop model.eval(). With
+    eval_strategy="epoch" each epoch after the first begins (iter(loader)) with the model in eval mode:
+    NEW_EVAL_EPOCH. 10 batches an epoch: steps of 4, 4, 2 micro-batches; the epoch's last step fetched one batch
+    (and the fetch that found the loader done), so _fetches == 1; the next epoch's first step keeps 1 of its 5
+    fetches, and _fetches never grew back: every later step kept 1 of its 4. Every batch stays in its step."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for epoch in range(3):
+        s.phase("data", 2, arg=NEW_EPOCH_BEGINS)
+        fetched = 0
+        for n in (4, 4, 2):
+            for _ in range(n + (fetched == 0)):  # the first next() fetches two
+                fetched += 1
+                s.phase("data", 1, 8 if fetched <= 10 else False)
+            for _ in range(n):
+                s.forward(2).phase("backward", 2)
+            s.phase("optimizer", 1)
+        if epoch < 2:  # Trainer.evaluate(): model.eval() under no_grad, its own (prepared) loader
+            s.phase("data", 3, arg=NEW_EVAL_EPOCH_BEGINS)
+            for _ in range(3):
+                s.phase("data", 1, 8).nograd_forward(2)
+            s.phase("data", 1, False)
+    steps = s.run(tracker)
+    assert len(steps) == 9
+    assert [r.samples for r in steps] == [40, 32, 8] * 3
+    assert tracker.outside["evaluation"] == pytest.approx(2 * 0.012)  # the validation (its loader's end is the next step's data)

@@ -724,14 +724,32 @@ static void step_ended(State *st, PyObject *inst) {
     Py_XDECREF(r);
 }
 
-/* A list or tuple whose first item is a dict: per-sample records (detectron2's list of dicts, torchvision
- * detection's targets); 1 for a dict first, 0 for not, -1 with an error set. */
+/* A list or tuple of dicts with the same keys: per-sample records (detectron2's list of dicts, torchvision
+ * detection's targets; not default_collate's [inputs_dict, labels]); 1 for records, 0 for not, -1 with an error
+ * set. As hooks._records. */
 static int records(PyObject *seq) {
     if (!PyList_Check(seq) && !PyTuple_Check(seq)) return 0;
-    if (PySequence_Size(seq) <= 0) return PyErr_Occurred() ? -1 : 0;
+    Py_ssize_t n = PySequence_Size(seq);
+    if (n <= 0) return n < 0 ? -1 : 0;
     PyObject *first = PySequence_GetItem(seq, 0);
     if (first == NULL) return -1;
     int r = PyDict_Check(first);
+    for (Py_ssize_t i = 1; r == 1 && i < n; i++) {
+        PyObject *item = PySequence_GetItem(seq, i);
+        if (item == NULL) { r = -1; break; }
+        if (!PyDict_Check(item) || PyDict_Size(item) != PyDict_Size(first)) {
+            r = 0;
+        } else {
+            PyObject *key;
+            Py_ssize_t pos = 0;
+            while (r == 1 && PyDict_Next(first, &pos, &key, NULL)) {
+                int has = PyDict_Contains(item, key);
+                if (has < 0) r = -1;
+                else if (!has) r = 0;
+            }
+        }
+        Py_DECREF(item);
+    }
     Py_DECREF(first);
     return r;
 }

@@ -94,7 +94,12 @@ _REDISCOVERY_STEPS = 3
 
 
 def _records(seq: Any) -> bool:
-    return isinstance(seq, list | tuple) and bool(seq) and isinstance(seq[0], dict)
+    """Per-sample records: a list or tuple of dicts with the same keys (not ``[inputs_dict, labels]``, nor an
+    inputs dict beside a targets dict: default_collate's batches of a dataset of pairs)."""
+    if not isinstance(seq, list | tuple) or not seq or not isinstance(seq[0], dict):
+        return False
+    keys = seq[0].keys()
+    return all(isinstance(item, dict) and item.keys() == keys for item in seq[1:])
 
 
 def batch_size(batch: Any) -> int | None:
@@ -447,10 +452,11 @@ class Instrumentation:
                 self.end("data", NEW_EPOCH_ENDS)
 
         def __iter__(loader: Any) -> Any:
-            training = True
+            # an evaluation's loader is iterated under no_grad (a kNN monitor's, a validation's); a root's mode says
+            # little here (a frozen teacher stays in eval mode, HF's Trainer calls model.train() in the step)
+            training = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
             try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"
-                training = self._iterating_for_training()
-                settings = loader_settings(loader, training)
+                settings = loader_settings(loader, self._iterating_for_training())
                 self.loaders.pop(id(loader), None)  # the newest last: a validation loader's epoch is not the last
                 self.loaders[id(loader)] = settings  # training loader's
             except Exception as exc:  # noqa: BLE001

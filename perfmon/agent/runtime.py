@@ -291,6 +291,7 @@ class Agent:
     def exec_failed(self, exc: BaseException) -> None:
         """The exec raised: the script goes on, and so does perfmon. Never raises."""
         try:
+            self.publish(protocol.message("event", kind="exec", failed=True, t=time.time()))
             self.warn(f"the script's os.exec* failed ({type(exc).__name__}: {exc}): it goes on, and perfmon with it")
             self._write_discovery()
         except Exception as err:  # noqa: BLE001

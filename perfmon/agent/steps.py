@@ -298,11 +298,13 @@ def _evaluates(seg: _Segment, trained: set[Any], backward_next: bool) -> bool:
 def _step_begins(segs: list[_Segment], last_eval: int, fetches: int = 0) -> int:
     """Where the step's own work begins among ``segs`` (held before training work came), ``last_eval`` the last
     evaluation forward among them (-1: none): at the fetches after it, the last run of them (several loaders
-    zipped), at most ``fetches`` of them where the loop's steps are known to fetch that many (0: not known yet;
-    more before them are an evaluation's: a probe loader whose batches go to a submodule or to no module at all),
-    with the fetches that found a loader done right before them (an epoch's end); with none after it, at the fetch
-    right before the no-grad passes it ends, which ran on that batch (a reference pass of the trained model, DPO's;
-    a target network); else after it (no-grad forwards of modules never trained, teachers, stay in)."""
+    zipped, an epoch's end and start, a loader fetching ahead, a batch skipped), except where an evaluation's
+    loader began an epoch in that run (iterated under ``no_grad``: a probe whose batches go to a submodule or to no
+    module at all): then at the training loader's new epoch after it, or at the step's own fetches (``fetches``
+    of them, as many as the loop's steps take) after the evaluation's batches and its loader's end; with none
+    after it, at the fetch right before the no-grad passes it ends, which ran on that batch (a reference pass of
+    the trained model, DPO's; a target network); else after it (no-grad forwards of modules never trained,
+    teachers, stay in)."""
     data = [i for i in range(last_eval + 1, len(segs)) if segs[i].kind == "data"]
     floor = last_eval
     if not data and last_eval >= 0:
@@ -311,34 +313,27 @@ def _step_begins(segs: list[_Segment], last_eval: int, fetches: int = 0) -> int:
             data, floor = before, max((i for i in range(before[-1]) if segs[i].kind != "data"), default=-1)
     if not data:
         return last_eval + 1
-    start = data[-1]
-    taken = int(segs[start].batch)
-    full = start if fetches and taken >= fetches else -1  # where the step's own fetches are all taken
+    last = start = data[-1]
     while start - 1 > floor and segs[start - 1].kind == "data":
-        prev = segs[start - 1]
-        if full >= 0 and prev.batch:
-            k = start - 1
-            while k > floor and segs[k].batch:
-                k -= 1
-            if k > floor and segs[k].trains:  # a training loader's epoch began with them: its fetches ahead of
-                j = k  # the step (accelerate's loader fetches one batch ahead), and the last epoch's end if the
-                while j - 1 > floor and segs[j - 1].exhausted:  # run begins there (nothing else ended before it)
-                    j -= 1
-                return k if j - 1 > floor and segs[j - 1].kind == "data" else j
-            # an extra fetch: another loop's (an evaluation's). Between it and the step's fetches, a loader's end
-            # is that loop's; a new epoch after the last end the step's
-            begin = full
-            for k in range(full - 1, start - 1, -1):
-                if segs[k].exhausted:
-                    break
-                begin = k
-            return begin
-        start -= 1  # several loaders fetched together (a zip of two DataLoaders), an epoch's end or start
-        if prev.batch:
+        start -= 1
+    probe = max((k for k in range(start, last + 1) if segs[k].opens and not segs[k].trains), default=-1)
+    if probe < 0:
+        return start  # no evaluation's loader among them: all the step's, as a zip's or an epoch's turn
+    k = last
+    while k > probe and not segs[k].exhausted and not segs[k].trains:
+        k -= 1
+    if k > probe and segs[k].trains:  # the training loader's new epoch (every zipped loader's), with its batches
+        while k - 1 > probe and segs[k - 1].trains:  # (all of them: a loader that fetches ahead)
+            k -= 1
+        return k
+    begin, taken = last, 0  # after the evaluation's batches (and its loader's end): the step's own fetches
+    for i in range(last, k, -1):
+        if segs[i].batch:
+            if taken >= max(fetches, 1):
+                break
             taken += 1
-            if fetches and taken >= fetches:
-                full = start
-    return start
+        begin = i
+    return begin
 
 
 def _absorb(part: _Part, segs: list[_Segment]) -> None:
@@ -373,7 +368,10 @@ class StepTracker:
         self._last_t = 0.0
         self._prefetch = 0.0  # seconds of other threads' fetches since the last step was made
         self._prefetch_samples = 0  # and the samples they fetched
-        self._fetches = 0  # the fetches that began the last step (several: zipped loaders; 0: none seen yet)
+        self._eval_keys_of: list[_Segment] | None = None  # the segments _eval_keys holds the eval-mode modules of
+        self._eval_keys_seen = 0
+        self._eval_keys: set[Any] = set()
+        self._fetches = 0  # the most fetches a step began with (several: zipped loaders; 0: none seen yet)
 
     # -- public -----------------------------------------------------------------------------
     def feed_many(self, events: list[tuple[int, float, Any, Any]]) -> list[StepRecord]:
@@ -470,7 +468,7 @@ class StepTracker:
                 break
             if a2[1] is not None:
                 trained.add(a2[1])
-            fetched = j > i
+            fetched = j > i and a1[1] is not False  # a fetch that brought a batch (as feed() counts it)
             count += 1
             out.append(StepRecord(count, start, t7, {"data": data, "forward": t3 - t2, "backward": t5 - t4,
                                                      "optimizer": t7 - t6}, samples or None, NO_MARKS, 0))
@@ -478,7 +476,7 @@ class StepTracker:
             i = j + 6
         if count != first:
             if fetched:
-                self._fetches = 1
+                self._fetches = max(self._fetches, 1)
             self.count = count
             self.fast_steps += count - first
             self._part = _Part(start, None)
@@ -580,7 +578,13 @@ class StepTracker:
         last = next((seg for seg in reversed(segs) if seg.kind != CHECKPOINT), None)
         if last is None or last.kind != "forward" or not last.evalgrad:
             return False
-        return not any(seg.key == key and seg.evalgrad and not seg.paired for seg in segs)
+        if self._eval_keys_of is not segs:  # the modules held in eval mode, kept as segments come (linear)
+            self._eval_keys_of, self._eval_keys_seen, self._eval_keys = segs, 0, set()
+        for seg in segs[self._eval_keys_seen:]:
+            if seg.evalgrad and not seg.paired:
+                self._eval_keys.add(seg.key)
+        self._eval_keys_seen = len(segs)
+        return key not in self._eval_keys
 
     def drain_outside(self) -> dict[str, float]:
         """Seconds outside steps since the last call (only the non-zero kinds)."""
@@ -630,6 +634,11 @@ class StepTracker:
         """Training work began (``backward_next``: a backward or an optimizer step, not a forward): decide where this
         step started and what before it was outside."""
         segs = self._segments
+        trained_from = len(segs)  # forwards read as an evaluation's (a module in train mode after one in eval mode)
+        if backward_next:  # that a backward follows were the training's: it began at them (a GAN's D(real) after
+            while trained_from and segs[trained_from - 1].kind == "forward" and segs[trained_from - 1].paired:
+                trained_from -= 1  # sampling with G.eval() and grad)
+            backward_next = trained_from == len(segs)
         self._train_forwards(segs, backward_next)
         if not segs:  # nothing before the training work (the common case): the step began with it
             self._training = True
@@ -637,17 +646,16 @@ class StepTracker:
         if len(segs) == 1 and segs[0].kind == "data":
             # a DataLoader loop's every step: its fetch began it (what the general case below decides)
             if segs[0].batch:
-                self._fetches = 1
+                self._fetches = max(self._fetches, 1)
             _absorb(part, segs)
             self._segments = []
             self._training = True
             return
         trained = self._trained
-        last_eval = max((i for i, s in enumerate(segs) if _evaluates(s, trained, backward_next)), default=-1)
+        last_eval = max((i for i, s in enumerate(segs[:trained_from]) if _evaluates(s, trained, backward_next)),
+                        default=-1)
         start = _step_begins(segs, last_eval, self._fetches)
-        fetches = sum(1 for s in segs[start:] if s.batch)
-        if fetches:
-            self._fetches = fetches
+        self._fetches = max(self._fetches, sum(1 for s in segs[start:] if s.batch))
         saved = start
         while start < len(segs) and segs[start].kind == CHECKPOINT:
             start += 1  # a torch.save before the iteration's first fetch or forward: outside, as between steps

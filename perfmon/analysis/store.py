@@ -295,7 +295,7 @@ class Store:
         elif isinstance(m, CommandResult):
             self.command_results.append(m)
         elif isinstance(m, Exec):
-            self.execed = m
+            self.execed = None if m.failed else m
         elif isinstance(m, RanksSpawned):
             if all(s.job_dir != m.job_dir for s in self.spawned):
                 self.spawned.append(m)

@@ -77,6 +77,7 @@ class Exec(Event):
 
     program: str | None = None
     t: float | None = None
+    failed: bool = False  # the exec raised: the script goes on, and so does the recording
 
 
 def parse_event(msg: dict[str, Any], seq: int | None) -> Message:
@@ -88,7 +89,7 @@ def parse_event(msg: dict[str, Any], seq: int | None) -> Message:
     if kind in ("window_started", "window_stopped") and t is not None:
         return WindowEdge(seq=seq, started=kind == "window_started", t=float(t), what=text(msg.get("what")))
     if kind == "exec":
-        return Exec(seq=seq, program=text(msg.get("program")), t=t)
+        return Exec(seq=seq, program=text(msg.get("program")), t=t, failed=msg.get("failed") is True)
     if kind == "profile_started":
         return ProfileStarted(seq=seq, reason=text(msg.get("reason")), t=t)
     if kind == "command_result":
