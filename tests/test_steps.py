@@ -1117,6 +1117,14 @@ def test_feed_many_takes_the_fast_path_on_steady_loops_only():
 
 
 # -- the fetch rules: loops they must not break ---------------------------------------------------------------
+def _validation(s: Seq) -> None:
+    """A validation between epochs: its loader's epoch under no_grad, three batches and passes, its loader's end."""
+    s.phase("data", 3, arg=NEW_EVAL_EPOCH_BEGINS)
+    for _ in range(3):
+        s.phase("data", 1, 8).nograd_forward(2)
+    s.phase("data", 1, False)
+
+
 @pytest.mark.parametrize("why", ["teacher-in-eval-mode", "model.train()-in-training_step"])
 def test_fetch_ahead_loader_whose_epoch_began_with_some_root_in_eval_mode_keeps_its_batches(why):
     """accelerate's loader fetches one batch ahead, in an epoch that began with a root in eval mode (a frozen teacher,
@@ -1132,10 +1140,7 @@ def test_fetch_ahead_loader_whose_epoch_began_with_some_root_in_eval_mode_keeps_
                 s.nograd_forward(1, "teacher")
             s.forward(2).phase("backward", 2).phase("optimizer", 1)
         if why != "teacher-in-eval-mode" and epoch < 2:  # Trainer.evaluate(): model.eval(), its own loader
-            s.phase("data", 3, arg=NEW_EVAL_EPOCH_BEGINS)
-            for _ in range(3):
-                s.phase("data", 1, 8).nograd_forward(2)
-            s.phase("data", 1, False)
+            _validation(s)
     steps = s.run(tracker)
     assert len(steps) == 12
     assert sum(r.samples or 0 for r in steps) == 3 * 4 * 8
@@ -1256,10 +1261,7 @@ def test_hf_trainer_with_accumulation_and_evaluation_each_epoch_keeps_every_batc
                 s.forward(2).phase("backward", 2)
             s.phase("optimizer", 1)
         if epoch < 2:  # Trainer.evaluate(): model.eval() under no_grad, its own (prepared) loader
-            s.phase("data", 3, arg=NEW_EVAL_EPOCH_BEGINS)
-            for _ in range(3):
-                s.phase("data", 1, 8).nograd_forward(2)
-            s.phase("data", 1, False)
+            _validation(s)
     steps = s.run(tracker)
     assert len(steps) == 9
     assert [r.samples for r in steps] == [40, 32, 8] * 3

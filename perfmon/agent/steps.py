@@ -371,7 +371,9 @@ class StepTracker:
         self._eval_keys_of: list[_Segment] | None = None  # the segments _eval_keys holds the eval-mode modules of
         self._eval_keys_seen = 0
         self._eval_keys: set[Any] = set()
-        self._fetches = 0  # the most fetches a step began with (several: zipped loaders; 0: none seen yet)
+        #: the most fetches a step began with, learned where steps begin with several (zipped loaders); a steady
+        #: loop's one fetch a step needs no count (0 reads as 1), so the fast paths keep none
+        self._fetches = 0
 
     # -- public -----------------------------------------------------------------------------
     def feed_many(self, events: list[tuple[int, float, Any, Any]]) -> list[StepRecord]:
@@ -424,21 +426,16 @@ class StepTracker:
         count = first = self.count
         start = self._part.start  # type: ignore[union-attr]
         trained = self._trained
-        fetched = False  # the last step made here began with a fetch
         while i < n:
             c0, t0, a0, m0 = events[i]
             if c0 == STEADY and _steady_steps is not None:  # a run of them, in C: the same steps, as SteadyStep
-                made = count
                 i, count, start = _steady_steps(events, i, count, start, trained, out, NO_MARKS)
-                if count != made:
-                    fetched = events[i - 1][2][0] is not None
                 if i == n or events[i][0] != STEADY:
                     continue
                 c0, t0, a0, m0 = events[i]  # one C could not read: the Python below takes it
             if c0 == STEADY:  # folded by the C ring: the same step from one tuple (t0: the optimizer's end)
                 t_fetch, t_fetched, samples, t2, key, t3, t4, t5, t6, _ = a0
                 trained.add(key)
-                fetched = t_fetch is not None
                 count += 1
                 out.append(StepRecord(count, start, t0, {
                     "data": t_fetched - t_fetch if t_fetch is not None else 0.0, "forward": t3 - t2,
@@ -468,15 +465,12 @@ class StepTracker:
                 break
             if a2[1] is not None:
                 trained.add(a2[1])
-            fetched = j > i and a1[1] is not False  # a fetch that brought a batch (as feed() counts it)
             count += 1
             out.append(StepRecord(count, start, t7, {"data": data, "forward": t3 - t2, "backward": t5 - t4,
                                                      "optimizer": t7 - t6}, samples or None, NO_MARKS, 0))
             start = t7
             i = j + 6
         if count != first:
-            if fetched:
-                self._fetches = max(self._fetches, 1)
             self.count = count
             self.fast_steps += count - first
             self._part = _Part(start, None)
@@ -645,8 +639,6 @@ class StepTracker:
             return
         if len(segs) == 1 and segs[0].kind == "data":
             # a DataLoader loop's every step: its fetch began it (what the general case below decides)
-            if segs[0].batch:
-                self._fetches = max(self._fetches, 1)
             _absorb(part, segs)
             self._segments = []
             self._training = True
@@ -715,8 +707,8 @@ class StepTracker:
         if first is None or not any(s.kind != CHECKPOINT and not s.exhausted and not s.opens for s in segs):
             self.outside["other"] += total - ckpt
             return
-        lead = first.begin - part.start - sum(s.end - s.begin for s in segs if s.kind == CHECKPOINT and s.end <= first.begin)
-        lead = min(max(0.0, lead), total - ckpt)
+        saved = sum(s.end - s.begin for s in segs if s.kind == CHECKPOINT and s.end <= first.begin)
+        lead = min(max(0.0, first.begin - part.start - saved), total - ckpt)
         self.outside["other"] += lead
         self.outside["evaluation"] += total - ckpt - lead
 
