@@ -762,6 +762,11 @@ static PyObject *batch_size(PyObject *batch, PyObject *tensor_type) {
     if (rec < 0) goto failed;
     if (rec) return PyLong_FromSsize_t(PySequence_Size(batch));
     if ((PyList_Check(batch) || PyTuple_Check(batch)) && PySequence_Size(batch) >= 2) {
+        PyObject *first = PySequence_GetItem(batch, 0);  /* only where the first item is no tensor (as hooks.py) */
+        if (first == NULL) goto failed;
+        int nested = PyList_Check(first) || PyTuple_Check(first);
+        Py_DECREF(first);
+        if (!nested) goto leading;
         PyObject *second = PySequence_GetItem(batch, 1);
         if (second == NULL) goto failed;
         rec = records(second);
@@ -770,6 +775,7 @@ static PyObject *batch_size(PyObject *batch, PyObject *tensor_type) {
         if (rec < 0 || n < 0) goto failed;
         if (rec) return PyLong_FromSsize_t(n);
     }
+leading:
     Py_INCREF(batch);
     for (int depth = 0; depth < 4; depth++) {
         int is_tensor = PyObject_IsInstance(batch, tensor_type);

@@ -108,7 +108,8 @@ def batch_size(batch: Any) -> int | None:
     one (torchvision detection's ``images, targets``: a tuple of images of different sizes, a tuple of dicts)."""
     if _records(batch):
         return len(batch)
-    if isinstance(batch, list | tuple) and len(batch) >= 2 and _records(batch[1]):
+    if isinstance(batch, list | tuple) and len(batch) >= 2 and isinstance(batch[0], list | tuple) \
+            and _records(batch[1]):  # only where the first item is no tensor: (x, y) batches skip the look
         return len(batch[1])
     for _ in range(4):  # nested containers, a few levels deep at most
         if isinstance(batch, torch.Tensor):
@@ -442,7 +443,10 @@ class Instrumentation:
         once an epoch."""
         bounds = self.bounds
 
-        def timed(loader: Any, training: bool) -> Any:
+        def timed(loader: Any) -> Any:
+            # an evaluation's loader is iterated under no_grad (a kNN monitor's, a validation's); a root's mode says
+            # little here (a frozen teacher stays in eval mode, HF's Trainer calls model.train() in the step)
+            training = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
             self.begin("data", NEW_EPOCH_BEGINS if training else NEW_EVAL_EPOCH_BEGINS)
             bounds.in_data += 1
             try:
@@ -452,16 +456,13 @@ class Instrumentation:
                 self.end("data", NEW_EPOCH_ENDS)
 
         def __iter__(loader: Any) -> Any:
-            # an evaluation's loader is iterated under no_grad (a kNN monitor's, a validation's); a root's mode says
-            # little here (a frozen teacher stays in eval mode, HF's Trainer calls model.train() in the step)
-            training = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
             try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"
                 settings = loader_settings(loader, self._iterating_for_training())
                 self.loaders.pop(id(loader), None)  # the newest last: a validation loader's epoch is not the last
                 self.loaders[id(loader)] = settings  # training loader's
             except Exception as exc:  # noqa: BLE001
                 self._on_error("loader", exc)
-            return timed(loader, training) if bounds.train_thread == get_ident() else orig(loader)
+            return timed(loader) if bounds.train_thread == get_ident() else orig(loader)
 
         return __iter__
 
