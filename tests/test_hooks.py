@@ -598,6 +598,34 @@ def test_fetches_and_saves_on_other_threads_overlap_the_steps_instead_of_joining
     assert len(fetched) == 20 and all(isinstance(a, tuple) and a[0] > 0 and a[1] == 8 for a in fetched), fetched[:3]
 
 
+def test_safetensors_save_file_is_a_checkpoint_on_the_training_thread_only(tmp_path):
+    """safetensors' save_file, imported before the hooks went in, is timed as torch.save is (a save on another
+    thread overlaps the steps), and uninstall puts the original back."""
+    import threading
+
+    import safetensors.torch
+
+    rec = Recorder()
+    inst = Instrumentation(rec.emit, lambda where, exc: rec.errors.append((where, exc)), lambda: None)
+    inst.install()
+    try:
+        assert hasattr(safetensors.torch.save_file, "__perfmon_original__")
+        from safetensors.torch import save_file  # bound after install, as a script's own import is
+
+        save_file({"w": torch.zeros(4)}, str(tmp_path / "a.safetensors"))
+        worker = threading.Thread(target=save_file, args=({"w": torch.ones(4)}, str(tmp_path / "b.safetensors")))
+        worker.start()
+        worker.join()
+    finally:
+        inst.uninstall()
+    assert [(c, a) for c, a in rec.events if a == "checkpoint"] == [(BEGIN, "checkpoint"), (END, "checkpoint")]
+    assert safetensors.torch.load_file(str(tmp_path / "b.safetensors"))["w"].tolist() == [1.0] * 4
+    assert rec.errors == []
+    assert not hasattr(safetensors.torch.save_file, "__perfmon_original__")
+    inst.patch_safetensors()  # an import hook that fires after the agent finished patches nothing
+    assert not hasattr(safetensors.torch.save_file, "__perfmon_original__")
+
+
 def test_a_forked_child_that_starts_its_own_agent_drops_everything_of_its_parents():
     """instrument() in a forked child: the parent's patches go, and so does its wait for ``import torch`` (a parent
     that never imported torch left it in sys.meta_path: both agents then hooked torch, every hook ran twice)."""
@@ -609,7 +637,8 @@ def test_a_forked_child_that_starts_its_own_agent_drops_everything_of_its_parent
 
     inherited = SimpleNamespace(instrumentation=None)
     other = SimpleNamespace(instrumentation=None)
-    waits = [bootstrap._TorchImportHook(inherited), bootstrap._TorchImportHook(other)]  # type: ignore[arg-type]
+    waits = [bootstrap._ImportHook(inherited, "torch", bootstrap.install_hooks),  # type: ignore[arg-type]
+             bootstrap._ImportHook(other, "torch", bootstrap.install_hooks)]  # type: ignore[arg-type]
     sys.meta_path[:0] = waits
     try:
         bootstrap.forget_inherited(inherited)  # type: ignore[arg-type]

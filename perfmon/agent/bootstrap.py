@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,9 @@ def start_agent(target: str, argv: list[str], module: bool = False, rank: Rank |
     if "torch" in sys.modules:
         install_hooks(agent)
     else:
-        sys.meta_path.insert(0, _TorchImportHook(agent))
+        sys.meta_path.insert(0, _ImportHook(agent, "torch", install_hooks))
+    if "safetensors.torch" not in sys.modules:  # it imports torch itself: the hooks are in when it ends
+        sys.meta_path.insert(0, _ImportHook(agent, "safetensors.torch", _patch_safetensors))
     exits.install_sigterm(agent, finish_agent)
     exits.install_self_kill(agent, finish_agent)
     exits.install_os_exit(agent, finish_agent)
@@ -138,6 +141,14 @@ def install_hooks(agent: Agent) -> None:
         say(f"perfmon: could not instrument torch ({exc}); use perfmon.step() to mark steps")
 
 
+def _patch_safetensors(agent: Agent) -> None:
+    if agent.instrumentation is not None:
+        try:
+            agent.instrumentation.patch_safetensors()
+        except Exception as exc:  # noqa: BLE001 - its saves are then the next step's time, as before
+            agent.record_error("hooks", exc)
+
+
 #: The oldest torch perfmon supports (pyproject.toml's "torch" extra says the same).
 MIN_TORCH = (2, 4)
 
@@ -173,19 +184,23 @@ def _profile_config() -> dict[str, Any]:
     }
 
 
-class _TorchImportHook(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps torch's loader so hooks install right after ``import torch``.
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps the loader of the module ``name`` so that ``then(agent)`` runs right after its
+    import (torch: the hooks install right after ``import torch``).
 
-    It stays on ``sys.meta_path`` until torch is actually executed: ``importlib.util.find_spec("torch")`` alone
-    (transformers' and datasets' ``is_torch_available``, run by ``import datasets`` before ``import torch``) finds
-    a spec that is never loaded, and a hook that left at the first lookup never saw the real import (0 steps)."""
+    It stays on ``sys.meta_path`` until the module is actually executed: ``importlib.util.find_spec("torch")``
+    alone (transformers' and datasets' ``is_torch_available``, run by ``import datasets`` before ``import torch``)
+    finds a spec that is never loaded, and a hook that left at the first lookup never saw the real import (0
+    steps)."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, name: str, then: Callable[[Agent], None]) -> None:
         self.agent = agent
+        self.name = name
+        self.then = then
         self.installed = False
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name != "torch" or self.installed:
+        if name != self.name or self.installed:
             return None
         spec = None
         for finder in sys.meta_path:
@@ -206,7 +221,7 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
             self.installed = True
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
-            install_hooks(self.agent)
+            self.then(self.agent)
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -218,7 +233,7 @@ def forget_inherited(agent: Agent) -> None:
     try:
         if agent.instrumentation is not None:
             agent.instrumentation.uninstall()
-        sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _TorchImportHook) and f.agent is agent)]
+        sys.meta_path[:] = [f for f in sys.meta_path if not (isinstance(f, _ImportHook) and f.agent is agent)]
         exits.reset_inherited()
     except Exception as exc:  # noqa: BLE001 - the child's own agent starts regardless
         say(f"perfmon: could not lift the parent's hooks ({exc})")

@@ -796,20 +796,33 @@ class Instrumentation:
 
         self._patch(scaler_cls, "step", make)
 
+    def _timed_save(self, orig: Callable) -> Callable:
+        """``orig`` (a save to a file) timed as *checkpoint* when the training thread calls it."""
+        def save(*args: Any, **kwargs: Any) -> Any:
+            if self.bounds.train_thread != get_ident():  # an async checkpoint: it overlaps the steps
+                return orig(*args, **kwargs)
+            self.begin(CHECKPOINT)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self.end(CHECKPOINT)
+
+        return save
+
     def _patch_save(self) -> None:
-        def make(orig: Callable) -> Callable:
-            def save(*args: Any, **kwargs: Any) -> Any:
-                if self.bounds.train_thread != get_ident():  # an async checkpoint: it overlaps the steps
-                    return orig(*args, **kwargs)
-                self.begin(CHECKPOINT)
-                try:
-                    return orig(*args, **kwargs)
-                finally:
-                    self.end(CHECKPOINT)
+        self._patch(torch, "save", self._timed_save)
+        self.patch_safetensors()
 
-            return save
-
-        self._patch(torch, "save", make)
+    def patch_safetensors(self) -> None:
+        """safetensors' ``save_file`` (HF's default format, accelerate's ``save_state``), timed as torch.save is,
+        once ``safetensors.torch`` is fully imported: now, or when its import ends (``bootstrap``'s import hook,
+        there before the module's own ``import torch``, so that ``from safetensors.torch import save_file``
+        binds the timed one). Its ``save_model`` calls ``save_file``."""
+        module = sys.modules.get("safetensors.torch")
+        save_file = getattr(module, "save_file", None)
+        if not self._undo or not callable(save_file) or hasattr(save_file, "__perfmon_original__"):
+            return  # not installed (or uninstalled: nothing to undo), not imported yet, or patched
+        self._patch(module, "save_file", self._timed_save)
 
     def _patch_profiler(self) -> None:
         """The script's own profiler sessions, for perfmon's windows to give way to (``agent.profiler_guard``):
