@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -211,6 +212,32 @@ def _replies(source: LiveSource, n: int) -> list[dict[str, Any]]:
     threading.Thread(target=read, daemon=True).start()
     assert done.wait(10), out
     return out
+
+
+def test_the_socket_path_appears_only_once_the_agent_listens(monkeypatch):
+    """A monitor connects as soon as it sees the path (``wait_for_socket``): one that came between the agent's
+    bind and listen was refused, and read the recording instead of the live job (a loaded host hit it)."""
+    short = Path(tempfile.mkdtemp(prefix="pmlst"))
+    path = short / "s.sock"
+    seen_at_listen: list[bool] = []
+    listen = socket.socket.listen
+
+    def watching(sock: socket.socket, *args: Any) -> None:
+        seen_at_listen.append(path.exists())
+        listen(sock, *args)
+
+    monkeypatch.setattr(socket.socket, "listen", watching)
+    server = Server(path, lambda: b"", lambda command, reply: None, threading.Lock(),
+                    lambda where, exc: pytest.fail(f"{where}: {exc}"))
+    server.start()
+    try:
+        assert seen_at_listen == [False]
+        assert path.exists() and sorted(p.name for p in short.iterdir()) == ["s.sock"]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(path))
+    finally:
+        server.close()
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_a_monitors_commands_reach_the_agent_typed_and_bad_ones_are_answered(served):

@@ -106,13 +106,22 @@ class Server:
     def start(self) -> None:
         self.path.unlink(missing_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # bound under a private name and renamed once it listens: a monitor that sees the path can connect (one
+        # that came between bind and listen was refused, and fell back to reading the recording)
+        staging = self.path.with_name(f".{os.getpid()}.listening")
         old = os.umask(0o177)  # the socket is born 0600: no window where others may connect
         try:
-            listener.bind(str(self.path))
+            try:
+                listener.bind(str(staging))
+            except OSError:  # a name too long for a socket address (the path itself fits): bound in place
+                staging = self.path
+                listener.bind(str(self.path))
         finally:
             os.umask(old)
-        os.chmod(self.path, 0o600)
+        os.chmod(staging, 0o600)
         listener.listen(16)
+        if staging != self.path:
+            os.replace(staging, self.path)
         listener.setblocking(False)
         self._listener = listener
         self._inodes = {sock.fileno(): fingerprint(sock.fileno()) for sock in (listener, self._wake_r, self._wake_w)}
