@@ -622,8 +622,36 @@ def test_safetensors_save_file_is_a_checkpoint_on_the_training_thread_only(tmp_p
     assert safetensors.torch.load_file(str(tmp_path / "b.safetensors"))["w"].tolist() == [1.0] * 4
     assert rec.errors == []
     assert not hasattr(safetensors.torch.save_file, "__perfmon_original__")
-    inst.patch_safetensors()  # an import hook that fires after the agent finished patches nothing
+    inst.patch_saves()  # an import hook that fires after the agent finished patches nothing
     assert not hasattr(safetensors.torch.save_file, "__perfmon_original__")
+
+
+def test_a_frameworks_whole_save_is_one_checkpoint_and_a_missing_one_is_skipped(monkeypatch):
+    """A Trainer's checkpoint method (a class attribute path in SAVES) is timed whole, its torch.save nested in it,
+    and a save this version of the library lacks is passed over without an error."""
+    import types
+
+    from perfmon.agent import hooks as hooks_module
+
+    class Trainer:
+        def _save_checkpoint(self, buf: io.BytesIO) -> str:
+            torch.save({"w": torch.zeros(2)}, buf)
+            return "saved"
+
+    fake = types.ModuleType("pm_fake_trainer")
+    fake.Trainer = Trainer  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pm_fake_trainer", fake)
+    monkeypatch.setattr(hooks_module, "SAVES", {"pm_fake_trainer": ("Trainer._save_checkpoint", "Gone.save")})
+    rec = Recorder()
+    inst = Instrumentation(rec.emit, lambda where, exc: rec.errors.append((where, exc)), lambda: None)
+    inst.install()
+    try:
+        assert Trainer()._save_checkpoint(io.BytesIO()) == "saved"
+    finally:
+        inst.uninstall()
+    assert [(c, a) for c, a in rec.events if a == "checkpoint"] == [
+        (BEGIN, "checkpoint"), (BEGIN, "checkpoint"), (END, "checkpoint"), (END, "checkpoint")]
+    assert rec.errors == [] and not hasattr(Trainer._save_checkpoint, "__perfmon_original__")
 
 
 def test_a_forked_child_that_starts_its_own_agent_drops_everything_of_its_parents():

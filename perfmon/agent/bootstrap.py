@@ -22,6 +22,7 @@ from typing import Any
 from perfmon import _api, paths
 from perfmon.agent import exits, own_frames, own_threads
 from perfmon.agent.runtime import Agent
+from perfmon.agent.saves import SAVES
 from perfmon.agent.say import say
 
 #: A process the job spawned, recording as one of its ranks (``spawned.run_rank``): the job's dir, this rank and
@@ -101,8 +102,9 @@ def start_agent(target: str, argv: list[str], module: bool = False, rank: Rank |
         install_hooks(agent)
     else:
         sys.meta_path.insert(0, _ImportHook(agent, "torch", install_hooks))
-    if "safetensors.torch" not in sys.modules:  # it imports torch itself: the hooks are in when it ends
-        sys.meta_path.insert(0, _ImportHook(agent, "safetensors.torch", _patch_safetensors))
+    for name in SAVES:  # each imports torch itself: the hooks are in when its import ends
+        if name not in sys.modules:
+            sys.meta_path.insert(0, _ImportHook(agent, name, _patch_saves))
     exits.install_sigterm(agent, finish_agent)
     exits.install_self_kill(agent, finish_agent)
     exits.install_os_exit(agent, finish_agent)
@@ -141,10 +143,10 @@ def install_hooks(agent: Agent) -> None:
         say(f"perfmon: could not instrument torch ({exc}); use perfmon.step() to mark steps")
 
 
-def _patch_safetensors(agent: Agent) -> None:
+def _patch_saves(agent: Agent) -> None:
     if agent.instrumentation is not None:
         try:
-            agent.instrumentation.patch_safetensors()
+            agent.instrumentation.patch_saves()
         except Exception as exc:  # noqa: BLE001 - its saves are then the next step's time, as before
             agent.record_error("hooks", exc)
 

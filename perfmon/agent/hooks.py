@@ -36,6 +36,7 @@ import torch
 
 from perfmon import paths
 from perfmon.agent.native import HOT, accelerator
+from perfmon.agent.saves import SAVES
 from perfmon.agent.steps import (
     BEGIN,
     BOUNDARY,
@@ -811,18 +812,22 @@ class Instrumentation:
 
     def _patch_save(self) -> None:
         self._patch(torch, "save", self._timed_save)
-        self.patch_safetensors()
+        self.patch_saves()
 
-    def patch_safetensors(self) -> None:
-        """safetensors' ``save_file`` (HF's default format, accelerate's ``save_state``), timed as torch.save is,
-        once ``safetensors.torch`` is fully imported: now, or when its import ends (``bootstrap``'s import hook,
-        there before the module's own ``import torch``, so that ``from safetensors.torch import save_file``
-        binds the timed one). Its ``save_model`` calls ``save_file``."""
-        module = sys.modules.get("safetensors.torch")
-        save_file = getattr(module, "save_file", None)
-        if not self._undo or not callable(save_file) or hasattr(save_file, "__perfmon_original__"):
-            return  # not installed (or uninstalled: nothing to undo), not imported yet, or patched
-        self._patch(module, "save_file", self._timed_save)
+    def patch_saves(self) -> None:
+        """The saves of :data:`SAVES` whose modules are fully imported, timed as torch.save is: now, or when the
+        module's import ends (``bootstrap``'s import hooks, there before the module's own ``import torch``, so
+        that ``from safetensors.torch import save_file`` binds the timed one)."""
+        if not self._undo:
+            return  # not installed, or uninstalled (nothing to undo): an import after the agent finished
+        for module_name, attrs in SAVES.items():
+            module = sys.modules.get(module_name)
+            for path in attrs if module is not None else ():
+                *outer, name = path.split(".")
+                owner = functools.reduce(lambda obj, attr: getattr(obj, attr, None), outer, module)
+                save = getattr(owner, name, None)
+                if callable(save) and not hasattr(save, "__perfmon_original__"):
+                    self._patch(owner, name, self._timed_save)
 
     def _patch_profiler(self) -> None:
         """The script's own profiler sessions, for perfmon's windows to give way to (``agent.profiler_guard``):
