@@ -316,6 +316,12 @@ def _step_begins(segs: list[_Segment], last_eval: int, fetches: int = 0) -> int:
     last = start = data[-1]
     while start - 1 > floor and segs[start - 1].kind == "data":
         start -= 1
+    if floor == last_eval >= 0:  # fetches after an evaluation's last pass: its loader's end (the fetch that found
+        ended = max((k for k in range(start, last + 1) if segs[k].exhausted), default=-1)  # it done, and its
+        if ended >= 0 and not any(segs[k].trains for k in range(start, ended)):  # workers' shutdown) is its own,
+            start = ended + 1  # and a training loader's that ended with it; the step's fetches come after them
+            if start > last:
+                return start
     probe = max((k for k in range(start, last + 1) if segs[k].opens and not segs[k].trains), default=-1)
     if probe < 0:
         return start  # no evaluation's loader among them: all the step's, as a zip's or an epoch's turn
