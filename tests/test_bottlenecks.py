@@ -87,7 +87,8 @@ def test_healthy_run_raises_no_warning(tmp_path):
 def test_headless_prints_findings_as_they_appear(tmp_path):
     data = run(tmp_path, "slow_dataloader", "--steps", "400")  # long enough for the findings to settle live
     assert "[perfmon] finding [critical] input-bound" in data["_stderr"]
-    assert "findings" in data["_stderr"]  # and again in the summary at exit
+    summary = data["_stderr"].split("perfmon summary:")[-1]  # and again in the summary at exit
+    assert "\n  findings\n" in summary and "\n  [critical] input-bound: " in summary, summary
 
 
 def test_more_torch_threads_than_cpus_is_named_with_the_count_to_set(tmp_path):

@@ -155,6 +155,22 @@ def test_the_summary_names_time_outside_steps_that_reads_as_more_than_zero():
     assert lines == [["outside", "checkpoint", "25.0%", "of", "wall", "time", "(not", "in", "any", "step)"]]
 
 
+@pytest.mark.parametrize(("steps", "words"), [
+    (0, "findings  none: the run ended before its first step"),
+    (40, "findings  none: too few steps past warm-up for the rules that judge steps (10 of the 20 they need)"),
+    (80, "findings  none: nothing the rules can name held this run back"),
+])
+def test_a_summary_without_findings_says_why(steps, words):
+    """A summary with no finding says whether the rules judged the run (a 40-step run said nothing at all)."""
+    state = RunState()
+    state.apply(hello())
+    if steps:
+        state.apply(steps_msg([row(i, 1001.0 + i * 0.01) for i in range(1, steps + 1)], seq=2))
+    summary = build_summary(state)
+    summary["findings"] = []
+    assert ("  " + words) in format_summary(state, summary).splitlines()
+
+
 def test_whole_run_figures_leave_the_first_step_out_and_say_so():
     """Step 1 holds what ran before the loop was learned (here 2 s of setup after a first forward): the phase
     table, steps/s and samples/s describe the steps after it, and the summary names it. A run of two steps (too

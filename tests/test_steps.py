@@ -848,6 +848,26 @@ def test_an_evaluation_loaders_end_is_the_evaluations_not_the_next_steps_data(ep
     assert tracker.outside["evaluation"] == pytest.approx(2 * (0.030 + 4 * 0.007 + 0.060 + 0.004 * epoch_end))
 
 
+def test_an_evaluation_loader_iterated_with_grad_enabled_is_evaluation_from_its_new_epoch():
+    """HF Trainer's evaluation_loop iterates its loader with grad enabled (no_grad only in prediction_step), so its
+    new epoch (its workers' start: 8-15% of each evaluation) reads as a training loader's; outside the steps, with
+    its batches and no-grad passes after it, it is the evaluation's, not *other*."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for i in range(8):
+        s.phase("data", 1, 16).forward(2).phase("backward", 2).phase("optimizer", 1)
+        if i in (3, 7):
+            s.phase("data", 40, arg=NEW_EPOCH_BEGINS)
+            for _ in range(3):
+                s.phase("data", 2, 64).nograd_forward(5)
+            s.phase("data", 10, False)
+    steps = s.run(tracker)
+    assert tracker.finish() is None and len(steps) == 8
+    assert [r.samples for r in steps] == [16] * 8 and steps[4].phases["data"] == pytest.approx(0.001)
+    assert tracker.outside["evaluation"] == pytest.approx(2 * (0.040 + 3 * 0.007 + 0.010))
+    assert tracker.outside["other"] == 0
+
+
 @pytest.mark.parametrize("zipped", [1, 2], ids=["one-loader", "two-loaders-zipped"])
 def test_a_loaders_new_epoch_is_the_next_steps_data_never_evaluation(zipped):
     """``iter(loader)`` at each epoch (a loader without persistent workers starts them there: seconds) is the data

@@ -709,7 +709,10 @@ class StepTracker:
         # an epoch's end (the fetch that finds the loader done, and its workers' shutdown) and a training loader's
         # new epoch (its workers' start) are not evaluation; what comes before the evaluation's first fetch or pass
         # (an EMA or Polyak update after the optimizer step, the next stage's loader built) is not either
-        first = next((s for s in segs if s.kind != CHECKPOINT and not s.exhausted and not s.trains), None)
+        # (a loader whose epoch began with grad enabled and whose batch came next, outside the steps, is an
+        # evaluation's iterated outside no_grad: HF Trainer's evaluation_loop, no_grad only in prediction_step)
+        first = next((s for i, s in enumerate(segs) if s.kind != CHECKPOINT and not s.exhausted
+                      and (not s.trains or (i + 1 < len(segs) and segs[i + 1].batch))), None)
         if first is None or not any(s.kind != CHECKPOINT and not s.exhausted and not s.opens for s in segs):
             self.outside["other"] += total - ckpt
             return

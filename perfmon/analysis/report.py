@@ -337,11 +337,27 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
         lines += ["", "  findings"]
         for f in s["findings"]:
             lines.append(format_saved_finding(f))
+    else:
+        lines += ["", f"  findings  none: {_no_findings(state)}"]
     if s["skipped_lines"]:
         lines.append(f"  note: {s['skipped_lines']} malformed recording lines were skipped")
     if s["agent_errors"]:
         lines.append(f"  note: agent internal errors {s['agent_errors']} (training was not affected)")
     return "\n".join(lines)
+
+
+def _no_findings(state: RunState) -> str:
+    """Why a summary lists no finding: nothing held, or too few steps for the rules that judge steps."""
+    from perfmon.analysis.rules import Config
+
+    cfg = Config()
+    judged = sum(1 for r in state.recent if r.i > cfg.warmup_steps and not r.windowed)
+    if judged >= cfg.min_steps:
+        return "nothing the rules can name held this run back"
+    if not state.steps:
+        return "the run ended before its first step"
+    return (f"too few steps past warm-up for the rules that judge steps ({judged} of the {cfg.min_steps} they "
+            "need)")
 
 
 def format_finding(severity: str, rule_id: str, title: str, fix: str) -> str:
