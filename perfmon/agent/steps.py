@@ -362,6 +362,9 @@ class StepTracker:
         self.outside = dict.fromkeys(OUTSIDE, 0.0)  # seconds outside steps, drained by the agent
         self._stack: list[tuple[str, Any]] = []  # open phases: name, begin mark
         self._since = 0.0  # when the innermost open phase last resumed
+        #: the open closure ran a forward or backward: an evaluation to count (Lightning's manual optimization hands
+        #: the optimizer a closure that does nothing; counted, it read "closures 2.0 evaluations per step")
+        self._closure_worked = False
         self._trained: set[Any] = set()  # module keys seen in a forward with grad
         self._optimizers_seen = False
         self._part: _Part | None = None  # the step being built (None: nothing since the last one)
@@ -511,10 +514,10 @@ class StepTracker:
                     if part is None:
                         part = self._part = _Part(t, None)
                     part.acc[top] += t - self._since
-                    if phase == CLOSURE:
-                        part.closures += 1
-                elif phase == CLOSURE:
-                    self._current(t, mark).closures += 1
+                if phase == CLOSURE:
+                    self._closure_worked = False
+                elif phase == "forward" or phase == "backward":
+                    self._closure_worked = True
             else:
                 part = self._part
                 if part is None:
@@ -538,6 +541,8 @@ class StepTracker:
             if not stack:  # unbalanced end (an exception skipped a begin): ignore
                 return self._commit() if code == END_BOUNDARY else None
             phase, begin_mark = stack.pop()
+            if phase == CLOSURE and self._closure_worked:
+                self._current(t, mark).closures += 1
             part = self._part
             if phase in PHASES and (self._training or self.explicit):
                 if part is None:
