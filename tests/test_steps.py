@@ -849,6 +849,31 @@ def test_an_evaluation_loaders_end_is_the_evaluations_not_the_next_steps_data(ep
     assert tracker.outside["evaluation"] == pytest.approx(2 * (0.030 + 4 * 0.007 + 0.060 + 0.004 * epoch_end))
 
 
+def test_a_batch_an_evaluation_broke_off_at_is_the_evaluations_not_the_next_epochs_first_step():
+    """``for i, batch in enumerate(val_loader): if i == 3: break`` with no_grad only around each pass: the fourth
+    batch, fetched and left, and what ran after it (the epoch's writes, 300 ms) were the next epoch's first step
+    (its samples 96 of 32, the writes its *other*). The training loader's new epoch begins that step."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for epoch in range(3):
+        s.phase("data", 5, arg=NEW_EPOCH_BEGINS)
+        for _ in range(4):
+            s.phase("data", 1, 32).forward(2).phase("backward", 2).phase("optimizer", 1)
+        s.phase("data", 2, False)  # the training loader's end
+        if epoch < 2:
+            s.phase("data", 20, arg=NEW_EPOCH_BEGINS)  # the validation's loader, iterated with grad enabled
+            for _ in range(3):
+                s.phase("data", 2, 32).nograd_forward(5)
+            s.phase("data", 2, 32).gap(300)  # fetched, then break; the epoch's writes
+    steps = s.run(tracker)
+    assert tracker.finish() is None and len(steps) == 12
+    assert [r.samples for r in steps] == [32] * 12
+    assert [r.other for r in steps] == [pytest.approx(0)] * 12
+    assert steps[4].phases["data"] == pytest.approx(0.006)
+    assert tracker.outside["evaluation"] == pytest.approx(2 * (0.020 + 3 * 0.007 + 0.302))
+    assert tracker.outside["other"] == pytest.approx(3 * 0.002)
+
+
 def test_an_evaluation_loader_iterated_with_grad_enabled_is_evaluation_from_its_new_epoch():
     """HF Trainer's evaluation_loop iterates its loader with grad enabled (no_grad only in prediction_step), so its
     new epoch (its workers' start: 8-15% of each evaluation) reads as a training loader's; outside the steps, with

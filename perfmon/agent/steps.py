@@ -316,10 +316,16 @@ def _step_begins(segs: list[_Segment], last_eval: int, fetches: int = 0) -> int:
     last = start = data[-1]
     while start - 1 > floor and segs[start - 1].kind == "data":
         start -= 1
-    if floor == last_eval >= 0:  # fetches after an evaluation's last pass: its loader's end (the fetch that found
-        ended = max((k for k in range(start, last + 1) if segs[k].exhausted), default=-1)  # it done, and its
-        if ended >= 0 and not any(segs[k].trains for k in range(start, ended)):  # workers' shutdown) is its own,
-            start = ended + 1  # and a training loader's that ended with it; the step's fetches come after them
+    if floor == last_eval >= 0:  # fetches after an evaluation's last pass: the training loader's new epoch (the
+        # last run of them: zipped loaders) begins the step, and what came before it is the evaluation's: a batch
+        # fetched as it broke off its loader, the loaders' ends (the fetch that found one done, its workers'
+        # shutdown); without a new epoch, the step's fetches come after the last loader's end
+        new = max((k for k in range(start, last + 1) if segs[k].trains), default=-1)
+        while new - 1 >= start and segs[new - 1].trains:
+            new -= 1
+        ended = max((k for k in range(start, last + 1) if segs[k].exhausted), default=-1)
+        if new >= 0 or ended >= 0:
+            start = new if new >= 0 else ended + 1
             if start > last:
                 return start
     probe = max((k for k in range(start, last + 1) if segs[k].opens and not segs[k].trains), default=-1)
