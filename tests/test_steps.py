@@ -76,7 +76,7 @@ class Seq:
     def nograd_forward(self, ms: float, module: str = "model") -> Seq:
         return self.forward(ms, module, grad=False)
 
-    def run(self, tracker: StepTracker | None = None) -> list:
+    def run(self, tracker: StepTracker | None = None, end: float | None = None) -> list:
         tracker = tracker or StepTracker()
         bounds = Boundaries()
         out = []
@@ -111,7 +111,7 @@ class Seq:
                     out.append(tracker.feed(BOUNDARY, t))
                 continue
             out.append(tracker.feed(code, t, arg))
-        out.append(tracker.finish())
+        out.append(tracker.finish(end))  # the job's end (None: its last event)
         return [r for r in out if r is not None]
 
 
@@ -847,6 +847,29 @@ def test_an_evaluation_loaders_end_is_the_evaluations_not_the_next_steps_data(ep
     after = 0.001 + (0.020 if epoch_end else 0)
     assert [r.phases["data"] for r in steps] == [pytest.approx(after if i in (4, 8) else 0.001) for i in range(12)]
     assert tracker.outside["evaluation"] == pytest.approx(2 * (0.030 + 4 * 0.007 + 0.060 + 0.004 * epoch_end))
+
+
+@pytest.mark.parametrize("final_eval", [False, True], ids=["writes", "test-set-then-writes"])
+def test_what_runs_after_the_last_step_until_the_job_ends_is_outside_time(final_eval):
+    """The script's end after its last step (a final test-set evaluation, then writing results for a second) is
+    outside time: it was in no figure at all (1 s after the last save read "outside other 0")."""
+    tracker = StepTracker()
+    s = Seq().mark(OPTIMIZER_CREATED)
+    for _ in range(4):
+        s.phase("data", 1, 8).forward(2).phase("backward", 2).phase("optimizer", 1)
+    s.gap(10)
+    if final_eval:
+        for _ in range(3):
+            s.phase("data", 2, 64).nograd_forward(5)
+    s.phase("checkpoint", 30)
+    steps = s.run(tracker, end=s.t + 1.0)  # a second of writes after the last event
+    assert len(steps) == 4
+    assert tracker.outside["checkpoint"] == pytest.approx(0.030)
+    if final_eval:  # from the evaluation's first fetch to the job's end; the 10 ms before it is other
+        assert tracker.outside["evaluation"] == pytest.approx(3 * 0.007 + 1.0)
+        assert tracker.outside["other"] == pytest.approx(0.010)
+    else:
+        assert tracker.outside["other"] == pytest.approx(0.010 + 1.0) and tracker.outside["evaluation"] == 0
 
 
 def test_a_batch_an_evaluation_broke_off_at_is_the_evaluations_not_the_next_epochs_first_step():

@@ -638,7 +638,7 @@ class Agent:
                       "were dropped, so some steps are missing from the recording (training is unaffected)")
         records = self.tracker.feed_many(batch)
         if final:
-            last = self.tracker.finish()
+            last = self.tracker.finish(time.perf_counter())
             if last is not None:
                 records.append(last)
         ready = self.cuda.resolve(records, final=final)

@@ -566,16 +566,19 @@ class StepTracker:
             self._optimizers_seen = True
         return None
 
-    def finish(self) -> StepRecord | None:
-        """The job ended: a step whose optimizer (or manual backward) ran is complete."""
+    def finish(self, end: float | None = None) -> StepRecord | None:
+        """The job ended (at ``end``; None: at its last event): a step whose optimizer (or manual backward) ran is
+        complete, and what ran after the last step (a final evaluation, the script's own end: writing results) is
+        outside time."""
         rec = self._commit()
+        end = self._last_t if end is None else max(end, self._last_t)
         if self._resume_from is not None:  # ended inside a step that never stepped: that step is not recorded,
             segs = self._segments  # but an evaluation after its last backward is outside time, as anywhere
             if any(_evaluates(seg, self._trained, False) for seg in segs):
-                self.outside["evaluation"] += max(0.0, self._last_t - self._resume_from)
+                self.outside["evaluation"] += max(0.0, end - self._resume_from)
             self._resume_from, self._segments = None, []
-        if self._part is not None and not self._training and self._segments:
-            self._settle_outside(self._last_t, len(self._segments))
+        if self._part is not None and not self._training and (self._segments or self.count):
+            self._settle_outside(end, len(self._segments))
             self._segments = []
             self._part = None
         return rec
