@@ -28,9 +28,15 @@ class Session:
 
     def __init__(self, tmp: Path, *args: str) -> None:
         self.proc = TrainingProcess(Target(str(DEMO), None, list(args)), tmp / "run").start()
-        assert wait_for_socket(self.proc.socket_path, self.proc.alive, timeout=60)
-        self.source = LiveSource(self.proc.socket_path, self.proc.run_dir)
-        self.source.connect()
+        try:
+            assert wait_for_socket(self.proc.socket_path, self.proc.alive, timeout=60)
+            self.source = LiveSource(self.proc.socket_path, self.proc.run_dir)
+            self.source.connect()
+        except BaseException:  # a job of 100,000 steps left running would load every test after it for an hour
+            for _ in range(3):  # SIGINT, SIGTERM, SIGKILL
+                self.proc.stop()
+            self.proc.wait()
+            raise
         self.messages: list[dict] = []
         self._cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
