@@ -15,4 +15,7 @@ SAVES: dict[str, tuple[str, ...]] = {
     "pytorch_lightning.trainer.trainer": ("Trainer.save_checkpoint",),
     "lightning.fabric.fabric": ("Fabric.save",),
     "lightning_fabric.fabric": ("Fabric.save",),
+    "ignite.handlers.checkpoint": ("Checkpoint.__call__", "ModelCheckpoint.__call__"),
+    "skorch.callbacks.training": ("Checkpoint.save_model",),
+    "skorch.net": ("NeuralNet.save_params",),
 }
