@@ -348,10 +348,10 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
 
 def _no_findings(state: RunState) -> str:
     """Why a summary lists no finding: nothing held, or too few steps for the rules that judge steps."""
-    from perfmon.analysis.rules import Config
+    from perfmon.analysis.rules.base import Config, judged_steps
 
     cfg = Config()
-    judged = sum(1 for r in state.recent if r.i > cfg.warmup_steps and not r.windowed)
+    judged = len(judged_steps(state, cfg))
     if judged >= cfg.min_steps:
         return "nothing the rules can name held this run back"
     if not state.steps:

@@ -129,6 +129,11 @@ def rule_ids() -> set[str]:
     return set(REGISTRY) | set(JOB_REGISTRY)
 
 
+def judged_steps(state: Store, cfg: Config) -> list[Any]:
+    """The recent steps the rules judge: past warm-up, outside profiler / FLOP-counter windows (slower steps)."""
+    return [s for s in state.recent if s.i > cfg.warmup_steps and not s.windowed]
+
+
 @dataclass
 class Facts:
     """What the rules read, and all they read: the recent window past warm-up, and the whole run."""
@@ -149,8 +154,7 @@ class Facts:
 
     @classmethod
     def from_state(cls, state: Store, cfg: Config) -> Facts:
-        # past warm-up, and outside profiler / FLOP-counter windows (those steps run slower)
-        steps = [s for s in state.recent if s.i > cfg.warmup_steps and not s.windowed]
+        steps = judged_steps(state, cfg)
         total = sum(s.dur for s in steps)
         shares = {p: (sum(s.ms(p) for s in steps) / total if total > 0 else 0.0) for p in ALL_PHASES}
         return cls(
