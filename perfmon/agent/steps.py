@@ -287,6 +287,16 @@ class _Segment:
         return self.kind == "data" and not self.exhausted and not self.opens
 
 
+def _dropped_by_zip(segs: list[_Segment]) -> range:
+    """Indexes of the batches a stretch outside the steps begins with, where a loader's end follows them with
+    nothing between: ``zip(source, target)`` fetched the source's next batch, found the target done, and dropped
+    the batch (an evaluation's batches follow its loader's new epoch instead)."""
+    n = 0
+    while n < len(segs) and segs[n].batch:
+        n += 1
+    return range(n if n < len(segs) and segs[n].kind == "data" and segs[n].exhausted else 0)
+
+
 def _evaluates(seg: _Segment, trained: set[Any], backward_next: bool) -> bool:
     """``seg`` is an evaluation forward: a no-grad call of a trained module or of a copy of it, or one with grad in
     eval mode (``model.eval()`` without ``torch.no_grad()``) unless a backward comes next (a loop that trains in eval
@@ -725,9 +735,12 @@ class StepTracker:
         # (an EMA or Polyak update after the optimizer step, the next stage's loader built) is not either
         # (a loader whose epoch began with grad enabled and whose batch came next, outside the steps, is an
         # evaluation's iterated outside no_grad: HF Trainer's evaluation_loop, no_grad only in prediction_step)
-        first = next((s for i, s in enumerate(segs) if s.kind != CHECKPOINT and not s.exhausted
+        # (the batches zipped loaders fetched as the shortest one ended, which zip dropped, belong to no evaluation)
+        dropped = _dropped_by_zip(segs)
+        first = next((s for i, s in enumerate(segs) if s.kind != CHECKPOINT and not s.exhausted and i not in dropped
                       and (not s.trains or (i + 1 < len(segs) and segs[i + 1].batch))), None)
-        if first is None or not any(s.kind != CHECKPOINT and not s.exhausted and not s.opens for s in segs):
+        if first is None or not any(s.kind != CHECKPOINT and not s.exhausted and not s.opens and i not in dropped
+                                    for i, s in enumerate(segs)):
             self.outside["other"] += total - ckpt
             return
         saved = sum(s.end - s.begin for s in segs if s.kind == CHECKPOINT and s.end <= first.begin)
