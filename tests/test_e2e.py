@@ -1273,6 +1273,48 @@ def test_stdout_and_stderr_into_one_log_keep_the_order_the_script_wrote_them(env
     assert report(run, env)["steps"] == 12
 
 
+ENDING_SCRIPT = """\
+import atexit, sys
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(3):
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+print("steps", i + 1)
+atexit.register(lambda: print("atexit says bye", file=sys.stderr))
+print("checking config... ", end="")
+ending = sys.argv[1]
+if ending == "exit-message":
+    sys.exit("error: config invalid")
+if ending == "raise":
+    raise RuntimeError("config invalid")
+if ending == "ctrl-c":
+    raise KeyboardInterrupt
+"""
+
+
+@pytest.mark.parametrize("ending", ["end", "exit-message", "raise", "ctrl-c"])
+def test_a_partial_line_the_script_leaves_comes_before_what_ends_it_as_under_plain_python(env, tmp_path, ending):
+    """``print("checking config... ", end="")`` and then an error: python writes the pending stdout before the
+    traceback, the exit message or the atexit handlers' output. It came after them (and after a Ctrl-C it was
+    lost: the process died of SIGINT before python's last flush)."""
+    env = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}  # as most users run: stdout buffered
+    script = tmp_path / "ending.py"
+    script.write_text(ENDING_SCRIPT)
+    plain = subprocess.run([sys.executable, str(script), ending], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=60, env=env, cwd=tmp_path)
+    run = tmp_path / "run"
+    res = subprocess.run([*PERFMON, "--headless", "--interval", "3600", "--run-dir", str(run), str(script), ending],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=120, env=env, cwd=tmp_path)
+    assert "checking config... " in plain.stdout and "atexit says bye" in plain.stdout
+    assert (run / "output.log").read_text() == plain.stdout
+    assert res.stdout.startswith(plain.stdout.rstrip("\n")), res.stdout
+    assert report(run, env)["steps"] == 3
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux to run the dashboard in a terminal")
 def test_the_dashboards_output_panel_shows_stdout_and_stderr_in_the_order_written_and_the_end_is_summarised(
         env, tmp_path):

@@ -92,17 +92,10 @@ def main(argv: list[str]) -> int:
     # open, waited for its non-daemon threads (training may run in one) and run the script's own atexit handlers.
     atexit.register(_at_exit, agent, exit_info)
     try:
-        if module is not None:
-            sys.argv = [module, *rest]  # run_module replaces argv[0] with the module's file
-            if not getattr(sys.flags, "safe_path", False):  # PYTHONSAFEPATH=1: python puts no folder first
-                sys.path[0] = os.getcwd()
-            own_frames.hide(sys._getframe())  # the module's stack begins above this frame (and runpy's for it)
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = [script, *rest]
-            if not getattr(sys.flags, "safe_path", False):  # PYTHONSAFEPATH=1: not the script's folder either
-                sys.path[0] = os.path.dirname(os.path.realpath(script))  # python resolves symlinks here
-            run_script(script)
+        try:
+            _run(module, target, rest)
+        finally:
+            _flush_io()  # as python does when the script ends: before the error, the exit message or atexit's output
     except SystemExit as exc:
         code = exc.code
         if code is None:
@@ -131,6 +124,35 @@ def main(argv: list[str]) -> int:
     return int(exit_info["code"] or 0)
 
 
+def _run(module: str | None, target: str, rest: list[str]) -> None:
+    """Run the module (``-m``, ``target`` is its name) or the script at ``target``, as python would, with ``rest``
+    as its arguments."""
+    if module is not None:
+        sys.argv = [module, *rest]  # run_module replaces argv[0] with the module's file
+        if not getattr(sys.flags, "safe_path", False):  # PYTHONSAFEPATH=1: python puts no folder first
+            sys.path[0] = os.getcwd()
+        own_frames.hide(sys._getframe())  # the module's stack begins above this frame (and runpy's for it)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [target, *rest]
+        if not getattr(sys.flags, "safe_path", False):  # PYTHONSAFEPATH=1: not the script's folder either
+            sys.path[0] = os.path.dirname(os.path.realpath(target))  # python resolves symlinks here
+        run_script(target)
+
+
+def _flush_io() -> None:
+    """Flush ``sys.stderr`` and ``sys.stdout`` as python does once the script's code returns or raises (its
+    ``flush_io``): a partial line comes before the traceback, and is not lost where a Ctrl-C ends the process by
+    SIGINT before python's last flush. An error of the flush is dropped, as python drops it."""
+    for name in ("stderr", "stdout"):
+        stream = getattr(sys, name, None)
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken stream: python goes on too
+            pass
+
+
 def _at_exit(agent: bootstrap.Agent | None, exit_info: dict) -> None:
     """The process is ending as python ends it: record the exit; a Ctrl-C then dies of SIGINT, as python does, so
     the parent sees a signal exit (128+2). A child the script forked, ending through here too, leaves it alone."""
@@ -138,6 +160,7 @@ def _at_exit(agent: bootstrap.Agent | None, exit_info: dict) -> None:
         return
     bootstrap.finish_agent(agent, exit_info)
     if exit_info["signal"] == "SIGINT":
+        _flush_io()  # what the atexit handlers printed: python flushes it before it dies of the signal
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
 
