@@ -41,8 +41,14 @@ def run(tmp_path: Path, demo: str, *args: str, sample_interval: str = "0.05", ho
      ("slow_optimizer", "slow-optimizer"), ("loader_cpu_bound", "loader-cpu-bound"), ("prefetch_thread", "input-bound")],
 )
 def test_top_finding_names_the_bottleneck(tmp_path, demo, expected):
-    # 120 leaking steps keep 240 MiB alive: past the rule's 100 MiB and 10% (its 300 took 36 s of a loaded CI host)
-    data = run(tmp_path, demo, *(["--steps", "120"] if demo == "leaking" else []))
+    # 120 leaking steps keep 240 MiB alive: past the rule's 100 MiB and 10% (its 300 took 36 s of a loaded CI host);
+    # 400 slow-loader steps are long enough for the findings to settle while the job runs (and be printed then)
+    steps = {"leaking": ["--steps", "120"], "slow_dataloader": ["--steps", "400"]}.get(demo, [])
+    data = run(tmp_path, demo, *steps)
+    if demo == "slow_dataloader":  # headless prints findings as they appear, and again in the summary at exit
+        assert "[perfmon] finding [critical] input-bound" in data["_stderr"]
+        summary = data["_stderr"].split("perfmon summary:")[-1]
+        assert "\n  findings\n" in summary and "\n  [critical] input-bound: " in summary, summary
     problems = [f for f in data["findings"] if f["severity"] != "info"]
     if expected == "step-instability" and not problems:
         # a host busy with other work (CI beside other jobs) adds slow steps of its own; where they hide the
@@ -82,13 +88,6 @@ def test_healthy_run_raises_no_warning(tmp_path):
         infos = [f for f in infos if not (f["id"] == "step-instability" and "busy host" in f["title"])]
     assert problems == set(), data["findings"]
     assert [f["id"] for f in infos] == ["priority"], data["findings"]
-
-
-def test_headless_prints_findings_as_they_appear(tmp_path):
-    data = run(tmp_path, "slow_dataloader", "--steps", "400")  # long enough for the findings to settle live
-    assert "[perfmon] finding [critical] input-bound" in data["_stderr"]
-    summary = data["_stderr"].split("perfmon summary:")[-1]  # and again in the summary at exit
-    assert "\n  findings\n" in summary and "\n  [critical] input-bound: " in summary, summary
 
 
 def test_more_torch_threads_than_cpus_is_named_with_the_count_to_set(tmp_path):
