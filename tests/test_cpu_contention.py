@@ -50,6 +50,27 @@ def test_fires_and_names_the_cause(host, title, fix):
     assert ev["torch_threads"] == host["torch_threads"] and f.impact == pytest.approx(ev["wait_share"], abs=1e-3)
 
 
+@pytest.mark.parametrize("host, fix", [
+    # one torch thread, no workers, a busy host: no thread count to set (it said set_num_threads(1), as it was)
+    ({"cpu_percent": 60.0, "trainer_wait_percent": 40.0, "cpu_count": 2, "usable_cpus": 2.0, "torch_threads": 1,
+      "system_cpu_percent": 100.0, "workers": 0},
+     "Other work takes the CPUs the trainer needs (other processes 1.4 CPUs): stop or move the other processes that "
+     "use 1.4 CPUs, or a host, or CPUs, of its own."),
+    # one torch thread and two DataLoader workers on a busy host (a helper's image loop): free 0.2 CPUs
+    ({"cpu_percent": 60.0, "trainer_wait_percent": 60.0, "cpu_count": 2, "usable_cpus": 2.0, "torch_threads": 1,
+      "workers_cpu_percent": 40.0, "system_cpu_percent": 100.0, "workers": 2},
+     "stop or move the other processes that use 1.0 CPUs, fewer DataLoader workers, or a host, or CPUs, of its own."),
+    # two torch threads and one CPU free: one thread would fit, so the count is named
+    ({"cpu_percent": 100.0, "trainer_wait_percent": 80.0, "cpu_count": 2, "usable_cpus": 2.0, "torch_threads": 2,
+      "system_cpu_percent": 100.0},
+     "torch.set_num_threads(1)"),
+])
+def test_the_fix_names_only_what_the_job_can_turn_down(host, fix):
+    f = find(make_state(host=host, model={"loaders": [{"num_workers": host.get("workers", 0)}]}), "cpu-contention")
+    assert f is not None and fix in f.fix, f.fix
+    assert "set_num_threads(1)" not in f.fix or host["torch_threads"] > 1
+
+
 @pytest.mark.parametrize("children, num_workers, named", [
     (3, 4, "DataLoader workers 0.8"),  # the loader's workers (fewer alive than it may have)
     (1, 0, "child processes 0.8"),  # a rank that Lightning's ddp strategy started, no DataLoader workers

@@ -300,6 +300,17 @@ def test_memory_creep_vs_flat_memory():
     assert find(make_state(rss=flat), "memory-creep") is None
 
 
+@pytest.mark.parametrize("points, per_point_mib, found", [
+    (15, 85, True),  # a helper's leak: RSS 342 -> 1617 MiB in 16 s (15 readings past warm-up) went unsaid
+    (15, 20, False),  # +280 MiB over 15 s: too little to judge on so few readings (it would be over 20)
+    (25, 20, True),  # +480 MiB over 25 readings: the usual bar
+    (9, 200, False),  # under 10 readings: not judged
+])
+def test_memory_creep_in_a_short_run_needs_a_bigger_rise(points, per_point_mib, found):
+    rss = [342 * 2**20 + k * per_point_mib * 2**20 for k in range(points)]
+    assert (find(make_state(rss=rss), "memory-creep") is not None) is found
+
+
 def test_throttling():
     hot = {**H100, "throttled": ["hw_thermal"], "sm_clock_mhz": 1400, "sm_clock_max_mhz": 1980}
     assert find(make_state(cuda=True, gpus=[hot]), "throttling") is not None
@@ -324,6 +335,22 @@ def test_slow_optimizer(flags, gpus, fires):
     if fires:
         assert "foreach=True" in f.fix
     assert find(make_state(opt=1, model=model, gpus=gpus, cuda=gpus is not None), "slow-optimizer") is None
+
+
+@pytest.mark.parametrize("tensors, opt_ms, arithmetic", [
+    (200, 6.0, False),  # 30 us a tensor: the loop's overhead, which foreach removes
+    (10, 255.0, True),  # a helper's recommender: an 800k x 32 embedding under Adam, 25 ms a tensor
+])
+def test_slow_optimizer_names_the_loop_or_the_arithmetic(tensors, opt_ms, arithmetic):
+    model = {"params": 25_700_000, "optimizer_flags": [{"name": "Adam", "param_tensors": tensors, "fused": None,
+                                                        "foreach": None, "devices": ["cpu"]}]}
+    f = find(make_state(opt=opt_ms, model=model), "slow-optimizer")
+    assert f is not None and f.evidence["ms_per_tensor"] == pytest.approx(opt_ms / tensors, rel=1e-3)
+    if arithmetic:
+        assert "25,700,000 parameters: 25.5 ms a tensor" in f.title and "SparseAdam" in f.fix
+        assert "per-tensor loop" not in f.title
+    else:
+        assert "per-tensor loop" in f.title and "foreach=True" in f.fix and "SparseAdam" not in f.fix
 
 
 def test_too_few_steps_yield_nothing():

@@ -67,6 +67,7 @@ class Config:
     creep_min_points: int = 20
     optimizer_share: float = 0.25
     optimizer_min_tensors: int = 10
+    optimizer_loop_ms_per_tensor: float = 1.0
     straggler_warn: float = 0.10  # a rank this much slower than the median rank
     straggler_critical: float = 0.20
     rank_memory_imbalance: float = 0.20

@@ -50,7 +50,7 @@ def cpu_contention(f: Facts, cfg: Config) -> Finding | None:
                else "more threads than CPUs")
         fix = (f"Call torch.set_num_threads({want}) at the start of the script (or set OMP_NUM_THREADS={want}): "
                f"{why}, and its threads wait for each other.")
-    elif threads is not None and threads > free + 0.5:
+    elif threads is not None and threads > free + 0.5 and threads > want:  # fewer threads would fit: say how many
         title = (f"{threads} torch threads but {free:.1f} CPUs free: other processes use {others:.1f} of "
                  f"{host_cpus} CPUs" + (f", {children} {workers:.1f}" if workers >= 0.1 else ""))
         fix = (f"Call torch.set_num_threads({want}) (or OMP_NUM_THREADS={want}) so torch's threads fit the free "
@@ -58,8 +58,7 @@ def cpu_contention(f: Facts, cfg: Config) -> Finding | None:
     else:
         title = f"The trainer waits for a CPU {share:.0%} of the time it wants one"
         fix = ("Other work takes the CPUs the trainer needs"
-               + (f" (other processes {others:.1f} CPUs, {children} {workers:.1f})" if others or workers
-                  else "") + ": fewer DataLoader workers, fewer threads in the script, or a host of its own.")
+               + _shares(others, workers, children) + ": " + _remedies(others, workers, children, threads))
     return Finding(
         "cpu-contention", "critical" if share >= cfg.cpu_wait_critical else "warn", title,
         {"wait_share": round(share, 3), "trainer_wait_percent": round(wait, 1), "trainer_cpu_percent": round(cpu, 1),
@@ -67,3 +66,24 @@ def cpu_contention(f: Facts, cfg: Config) -> Finding | None:
          "other_processes_cpus": round(others, 2), "workers_cpus": round(workers, 2), "free_cpus": round(free, 2)},
         fix, impact=share,
     )
+
+
+def _shares(others: float, workers: float, children: str) -> str:
+    """`` (other processes 1.4 CPUs, DataLoader workers 0.4)``: who uses the CPUs, of those that use any."""
+    used = [f"other processes {others:.1f} CPUs"] if others >= 0.05 else []
+    used += [f"{children} {workers:.1f}"] if workers >= 0.05 else []
+    return f" ({', '.join(used)})" if used else ""
+
+
+def _remedies(others: float, workers: float, children: str, threads: int | None) -> str:
+    """What would leave the trainer its CPUs, of what applies: only the knobs the job has turned up (a script
+    with one torch thread and no workers was told to use fewer of each)."""
+    parts = []
+    if others >= 0.5:
+        parts.append(f"stop or move the other processes that use {others:.1f} CPUs")
+    if workers >= 0.1:
+        parts.append(f"fewer {children}")
+    if threads is not None and threads > 1:
+        parts.append(f"fewer torch threads (torch.set_num_threads; it runs {threads})")
+    parts.append("a host, or CPUs, of its own")
+    return (", ".join(parts[:-1]) + ", or " + parts[-1] if len(parts) > 1 else parts[0][0].upper() + parts[0][1:]) + "."

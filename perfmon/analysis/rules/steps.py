@@ -133,7 +133,8 @@ def _per_tensor(o: OptimizerFlags, gpu_run: bool) -> bool:
 
 
 @rule("slow-optimizer", "optimizer share > 25% with a per-tensor implementation (not fused, not foreach: "
-      "foreach=None is torch's foreach on CUDA, a per-tensor loop on CPU) over >= 10 tensors", reads_steps=True)
+      "foreach=None is torch's foreach on CUDA, a per-tensor loop on CPU) over >= 10 tensors; at over 1 ms a "
+      "tensor the update's arithmetic, not the loop, is named", reads_steps=True)
 def slow_optimizer(f: Facts, cfg: Config) -> Finding | None:
     share = f.shares["optimizer"]
     slow = [o for o in f.model.optimizer_flags if _per_tensor(o, bool(f.gpus))
@@ -141,9 +142,29 @@ def slow_optimizer(f: Facts, cfg: Config) -> Finding | None:
     if share <= cfg.optimizer_share or not slow:
         return None
     name = slow[0].name
+    tensors = sum(o.param_tensors or 0 for o in slow)
+    opt_ms = share * sum(f.step_ms) / len(f.step_ms) if f.step_ms else 0.0
+    per_tensor = opt_ms / tensors if tensors else 0.0
+    evidence = {"optimizer_share": round(share, 4), "optimizer_ms": round(opt_ms, 3),
+                "ms_per_tensor": round(per_tensor, 4), "params": f.model.params,
+                "optimizers": [as_sent(o) for o in slow]}
+    if per_tensor > cfg.optimizer_loop_ms_per_tensor:
+        # no loop costs a millisecond a tensor (a small update is tens of microseconds): the time is the update's
+        # arithmetic over large tensors (a recommender's embedding table), which foreach only trims
+        size = f" over {f.model.params:,} parameters" if f.model.params else ""
+        return Finding(
+            "slow-optimizer", "warn",
+            f"Optimizer step takes {share:.0%} of each step ({name}{size}: {per_tensor:.1f} ms a tensor, the "
+            "update's arithmetic)", evidence,
+            "Each step updates every parameter, and that is the time (foreach=True or fused=True only trim the "
+            "per-tensor overhead). A large nn.Embedding whose batches touch few rows: nn.Embedding(..., "
+            "sparse=True) with torch.optim.SparseAdam for it (the rows a batch uses, not the whole table); else "
+            "freeze what need not train, or an optimizer with less state (SGD with momentum keeps one tensor a "
+            "parameter, Adam two).",
+            impact=share,
+        )
     return Finding(
-        "slow-optimizer", "warn", f"Optimizer step takes {share:.0%} of each step ({name}, per-tensor loop)",
-        {"optimizer_share": round(share, 4), "optimizers": [as_sent(o) for o in slow]},
+        "slow-optimizer", "warn", f"Optimizer step takes {share:.0%} of each step ({name}, per-tensor loop)", evidence,
         f"Construct the optimizer with fused=True (CUDA) or foreach=True: torch.optim.{name}(params, ..., "
         "foreach=True) applies the update to all tensors at once instead of one small kernel per tensor.",
         impact=share,
