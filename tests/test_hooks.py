@@ -757,6 +757,30 @@ def test_the_loader_an_evaluation_iterates_is_not_taken_for_the_training_loader(
     assert training_loader(records(LoaderSettings, settings)).batch_size == 2
 
 
+@pytest.mark.parametrize("rebuild", [False, True], ids=["one-loader", "a-new-loader-each-epoch"])
+def test_a_training_loader_built_anew_every_epoch_is_counted(hooks, rebuild):
+    """``DataLoader(...)`` inside the epoch loop starts its workers again every epoch, which persistent_workers
+    cannot help: the settings count the rebuilds in a row (an evaluation's loader between them does not reset it)."""
+    inst, _ = hooks
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(8, 4))
+    loader = DataLoader(data, batch_size=2)
+    val_loader = DataLoader(TensorDataset(torch.randn(4, 4)), batch_size=4)
+    for _epoch in range(4):
+        if rebuild:
+            loader = DataLoader(data, batch_size=2)
+        for (x,) in loader:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():
+            for (x,) in val_loader:
+                model(x)
+    training = [s for s in inst.loaders.values() if s["training"]]
+    assert training[-1]["rebuilt"] == (3 if rebuild else 0)
+
+
 @pytest.mark.parametrize("training, picked", [
     ((), None),
     ((None,), 0),  # a recording from before perfmon said which loader trains: the newest, as it was

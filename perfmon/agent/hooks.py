@@ -226,6 +226,10 @@ class Instrumentation:
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._optimizer_ids: set[int] = set()  # ids of ``optimizers``: the step hook's cheap "seen it" test
         self.loaders: dict[int, dict[str, Any]] = {}
+        # epochs each loader began (weakly: a loop that builds a loader every epoch drops the old ones), and the
+        # training loader seen last: a new one after it had run a single epoch was built anew for the epoch
+        self._loader_epochs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._last_training: tuple[str, int, int] | None = None  # (dataset class, its epochs, loaders rebuilt)
 
     @property
     def commands(self) -> Any:
@@ -459,13 +463,31 @@ class Instrumentation:
         def __iter__(loader: Any) -> Any:
             try:  # once per epoch: what the input-pipeline rules need to say "set num_workers=8"
                 settings = loader_settings(loader, self._iterating_for_training())
+                if settings["training"]:
+                    settings["rebuilt"] = self._rebuilt(loader, settings["dataset"])
                 self.loaders.pop(id(loader), None)  # the newest last: a validation loader's epoch is not the last
                 self.loaders[id(loader)] = settings  # training loader's
+                if len(self.loaders) > 16:  # a new loader every epoch: keep the recent ones
+                    del self.loaders[next(iter(self.loaders))]
             except Exception as exc:  # noqa: BLE001
                 self._on_error("loader", exc)
             return timed(loader) if bounds.train_thread == get_ident() else orig(loader)
 
         return __iter__
+
+    def _rebuilt(self, loader: Any, dataset: str) -> int:
+        """How many times in a row the training loader was a new one over the same kind of dataset, built after
+        the one before had run a single epoch (``DataLoader(...)`` inside the epoch loop: its workers start anew
+        every epoch, which ``persistent_workers`` cannot help)."""
+        try:
+            epochs = self._loader_epochs.get(loader, 0) + 1
+            self._loader_epochs[loader] = epochs
+        except TypeError:  # a loader subclass without weak references or hashing: not counted
+            return 0
+        last = self._last_training  # a loader iterated again (its second epoch) was not rebuilt: back to 0
+        rebuilt = last[2] + 1 if epochs == 1 and last is not None and last[:2] == (dataset, 1) else 0
+        self._last_training = (dataset, epochs, rebuilt)
+        return rebuilt
 
     def _iterating_for_training(self) -> bool:
         """A loader's epoch begins for training: not under no_grad or inference_mode, and no model found so far

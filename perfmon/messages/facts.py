@@ -72,6 +72,9 @@ class LoaderSettings:
     # its epoch began with grad enabled and every model in train mode: the loader the steps fetch from, not an
     # evaluation's (None: not known, a recording from before perfmon said so)
     training: bool | None = None
+    # a training loader built anew for its epoch this many times in a row, each after the last had run one epoch
+    # (``DataLoader(...)`` inside the epoch loop); None: not known (a recording from before perfmon counted it)
+    rebuilt: int | None = None
     given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
 

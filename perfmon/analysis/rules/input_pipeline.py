@@ -63,13 +63,21 @@ def _loader_fixes(f: Facts) -> list[str]:
             steps.append(f"raise DataLoader(num_workers={nw}) towards {min(cpus, max(2 * nw, 4))} (this host has {cpus} CPUs)")
         if not loader.pin_memory and f.gpus:
             steps.append("set pin_memory=True so host-to-device copies overlap")
-        if nw and not loader.persistent_workers:
+        if nw and (loader.rebuilt or 0) >= 2:  # persistent_workers cannot keep workers across loaders
+            steps.append(f"build the DataLoader once, before the epoch loop: a new one each epoch starts its {nw} "
+                         "workers again at every epoch (persistent_workers keeps them only across one loader's epochs)")
+        elif nw and not loader.persistent_workers:
             steps.append("set persistent_workers=True to keep workers across epochs")
         if nw:
             steps.append(f"raise prefetch_factor (now {loader.prefetch_factor}) so batches are ready ahead")
     else:
         steps.append("load data in a DataLoader with num_workers > 0, pin_memory=True, persistent_workers=True")
-    steps.append("move decoding/augmentation out of the hot path (pre-process once, cache, or do it on the GPU)")
+    if loader and loader.dataset == "TensorDataset":  # no decoding to move: the cost is a fetch per sample
+        steps.append("fetch a batch with one indexing instead of one per sample and a collate: slice the tensors "
+                     "yourself, or DataLoader(dataset, batch_size=None, sampler=BatchSampler(RandomSampler(dataset), "
+                     f"batch_size={loader.batch_size or 'B'}, drop_last=False))")
+    else:
+        steps.append("move decoding/augmentation out of the hot path (pre-process once, cache, or do it on the GPU)")
     return steps
 
 
