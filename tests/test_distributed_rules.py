@@ -135,6 +135,26 @@ def test_straggler_of_four_ranks_names_the_slow_one(means: list[float], slow: in
     assert f.evidence["step_ms_by_rank"] == {str(r): float(m) for r, m in enumerate(means)}
 
 
+@pytest.mark.parametrize("waits, every_step, named", [
+    ({}, 0.0, False),
+    # rank 0 evaluates and saves between steps, rank 1 waits for it at a barrier: its next step's other holds the
+    # wait (a helper's DDP run: 36 ms once an epoch) and lifted its mean 27%; its typical step is the others'
+    ({41: 60.0, 61: 60.0, 81: 60.0}, 0.0, False),
+    ({}, 3.0, True),  # slower in every step: a straggler
+    ({41: 60.0, 61: 60.0, 81: 60.0}, 3.0, True),
+])
+def test_straggler_is_slower_in_most_steps_not_in_a_few_waits(waits: dict[int, float], every_step: float,
+                                                               named: bool) -> None:
+    from test_rules import make_state
+
+    from perfmon.analysis.job import rank_row
+
+    rows = [rank_row(0, make_state(n=100)), rank_row(1, make_state(n=100, other=0.5 + every_step, spikes=waits))]
+    assert (rows[1].mean_ms > 1.1 * rows[0].mean_ms) is bool(waits or every_step)  # the mean alone names rank 1
+    f = straggler(rows, Config())
+    assert (f is not None and f.evidence["rank"] == 1 and f.evidence["phase"] == "other") is named, f
+
+
 @pytest.mark.parametrize("rows", [
     [],
     [row(0)],

@@ -108,6 +108,9 @@ class RankRow:
     mean_ms: float | None = None  # mean step time: the phases add up to it (what ranks are compared by)
     steady: int = 0  # the steps these numbers come from
     phases: dict[str, float] = field(default_factory=dict)  # mean ms per step of each phase
+    # median ms of each phase: a rank's typical step (a wait now and then, at a barrier while rank 0 evaluates
+    # between steps, lifts its mean only); empty where not known
+    phases_median: dict[str, float] = field(default_factory=dict)
     allocated_bytes: float | None = None  # the allocator's peak allocated (CUDA), else None
     util_gpu: float | None = None  # its GPU's utilization now, %
     cpu_percent: float | None = None
@@ -152,6 +155,7 @@ def rank_row(rank: int, state: RunState, warmup: int = 30, min_steps: int = 20) 
         step_ms=statistics.median(durations) if durations else None,
         mean_ms=sum(durations) / len(durations) if durations else None, steady=len(durations),
         phases={p: sum(s.ms(p) for s in steps) / len(steps) for p in ALL_PHASES} if steps else {},
+        phases_median={p: statistics.median(s.ms(p) for s in steps) for p in ALL_PHASES} if steps else {},
         allocated_bytes=(cm.peak_allocated_bytes if cm else None) or state.peaks.allocated_bytes,
         util_gpu=gpu.util_gpu if gpu else None,
         cpu_percent=host.cpu_percent if host else None, rss_bytes=host.rss_bytes if host else None,
@@ -165,31 +169,49 @@ def rank_rows(job: JobState, warmup: int = 30, min_steps: int = 20) -> list[Rank
     return [rank_row(r, job.ranks[r], warmup, min_steps) for r in sorted(job.ranks)]
 
 
-def work_ms(rows: list[RankRow]) -> dict[int, float]:
-    """Each rank's own work per step (ms): its mean step less the backward time beyond the quickest rank's.
+def work_ms(rows: list[RankRow], typical: bool = False) -> dict[int, float]:
+    """Each rank's own work per step (ms): its mean step less the backward time beyond the quickest rank's
+    (``typical``: of its median step and phases).
 
     In DDP the fast ranks wait for the slowest one inside backward (the gradient all-reduce), so every rank's
     step takes as long; the wait is what a rank's backward takes beyond the least any rank's takes."""
-    timed = [r for r in rows if r.mean_ms is not None and r.phases]
+    def step(r: RankRow) -> float | None:
+        return r.step_ms if typical else r.mean_ms
+
+    def phases(r: RankRow) -> dict[str, float]:
+        return r.phases_median if typical else r.phases
+
+    timed = [r for r in rows if step(r) is not None and phases(r)]
     if not timed:
         return {}
-    least = min(r.phases.get("backward", 0.0) for r in timed)
-    return {r.rank: (r.mean_ms or 0.0) - (r.phases.get("backward", 0.0) - least) for r in timed}
+    least = min(phases(r).get("backward", 0.0) for r in timed)
+    return {r.rank: (step(r) or 0.0) - (phases(r).get("backward", 0.0) - least) for r in timed}
 
 
 def rank_gaps(rows: list[RankRow]) -> dict[int, float]:
     """How much more each rank does per step than the median of the other ranks, as a fraction: the larger
-    of its mean step's excess (ranks that do not wait for each other) and its work's (:func:`work_ms`)."""
-    work = work_ms(rows)
+    of its mean step's excess (ranks that do not wait for each other) and its work's (:func:`work_ms`). Where
+    the ranks' typical (median) steps are known, no more than those show: a rank that waits now and then (at a
+    barrier while rank 0 evaluates or saves between steps, which lands in its next step) does not hold the
+    job back, and a rank that does is slower in most of its steps."""
+    gaps = _gaps(rows, typical=False)
+    if gaps and all(r.phases_median and r.step_ms for r in rows if r.rank in gaps):
+        usual = _gaps(rows, typical=True)
+        gaps = {r: min(g, usual.get(r, g)) for r, g in gaps.items()}
+    return gaps
+
+
+def _gaps(rows: list[RankRow], typical: bool) -> dict[int, float]:
+    work = work_ms(rows, typical)
     if len(work) < 2:
         return {}
     timed = [r for r in rows if r.rank in work]
 
     def others(rank: int, value: dict[int, float]) -> float:
-        return statistics.median([v for r, v in value.items() if r != rank])
+        return max(1e-9, statistics.median([v for r, v in value.items() if r != rank]))  # idle ranks: no division by 0
 
-    mean = {r.rank: r.mean_ms or 0.0 for r in timed}
-    return {r: max(mean[r] / others(r, mean) - 1.0, work[r] / others(r, work) - 1.0) for r in work}
+    step = {r.rank: (r.step_ms if typical else r.mean_ms) or 0.0 for r in timed}
+    return {r: max(step[r] / others(r, step) - 1.0, work[r] / others(r, work) - 1.0) for r in work}
 
 
 def slowest(rows: list[RankRow]) -> RankRow | None:
