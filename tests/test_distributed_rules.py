@@ -496,3 +496,18 @@ def test_the_headless_rank_table_shows_rss_where_there_is_no_cuda_memory(allocat
     row = RankRow(rank=0, node=0, host="h", steps=10, step_ms=5.0, allocated_bytes=allocated, rss_bytes=rss)
     line = rank_table([row])[1]
     assert line.split()[-2:] == [shown, "running"]
+
+
+def test_the_jobs_findings_group_ranks_only_where_a_finding_says_the_same_of_each() -> None:
+    """Each rank's own findings are listed once with the ranks they hold on; rank 1's "Biggest phase: other" was
+    listed as rank 0's "Biggest phase: backward (ranks 0, 1)". Figures aside, the same words group."""
+    from test_rules import make_state
+
+    from perfmon.analysis.job import JobState
+    from perfmon.analysis.job_report import job_findings
+
+    job = JobState()
+    job.ranks = {0: make_state(n=100, bwd=8.0), 1: make_state(n=100, other=9.0), 2: make_state(n=100, bwd=9.0)}
+    priority = {tuple(f["ranks"]): f["title"] for f in job_findings(job) if f["id"] == "priority"}
+    assert set(priority) == {(0, 2), (1,)}, priority
+    assert "backward" in priority[(0, 2)] and "other" in priority[(1,)]

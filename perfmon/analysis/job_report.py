@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +23,24 @@ from perfmon.protocol import ALL_PHASES, PHASE_SHORT
 
 
 def job_findings(job: JobState, cfg: Config | None = None) -> list[dict[str, Any]]:
-    """The job's findings: those across ranks first, then each rank's own (one entry per finding id,
-    naming the ranks it holds on)."""
+    """The job's findings: those across ranks first, then each rank's own (one entry per finding that says
+    the same of several ranks, naming the ranks it holds on)."""
     cfg = cfg or Config()
     out = [f.to_json() for f in evaluate_job(rank_rows(job, cfg.warmup_steps, cfg.min_steps), cfg)]
-    by_id: dict[str, dict[str, Any]] = {}
+    by_kind: dict[tuple[str, str], dict[str, Any]] = {}
     for rank in sorted(job.ranks):
         for f in evaluate_once(job.ranks[rank], cfg):
-            entry = by_id.get(f.id)
+            # one entry per finding that says the same of each rank, its figures aside: rank 1's "Biggest phase:
+            # other" is not rank 0's "Biggest phase: backward" (the first rank's figures stand for the others)
+            kind = (f.id, _FIGURES.sub("#", f.title))
+            entry = by_kind.get(kind)
             if entry is None:
-                entry = by_id[f.id] = {**f.to_json(), "rank": rank, "ranks": []}
+                entry = by_kind[kind] = {**f.to_json(), "rank": rank, "ranks": []}
             entry["ranks"].append(rank)
-    return out + list(by_id.values())
+    return out + list(by_kind.values())
+
+
+_FIGURES = re.compile(r"\d[\d,.]*")
 
 
 def _exit(job: JobState) -> dict[str, Any]:
