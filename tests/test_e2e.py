@@ -1348,6 +1348,46 @@ def test_the_dashboards_output_panel_shows_stdout_and_stderr_in_the_order_writte
         subprocess.run([*tmux, "kill-server"], capture_output=True)
 
 
+CRASHING_SCRIPT = """\
+import torch
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(5):
+    opt.zero_grad()
+    model(torch.randn(2, 4 if i < 3 else 5)).sum().backward()
+    opt.step()
+"""
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux to run the dashboard in a terminal")
+def test_a_crash_leaves_its_traceback_in_the_terminal_once_the_dashboard_closes(env, tmp_path):
+    """The dashboard shows the failure; quitting it left only "perfmon: failed: RuntimeError" where plain python
+    leaves the traceback (the dashboard's screen is the terminal's alternate one, gone when it closes)."""
+    script, run = tmp_path / "crash.py", tmp_path / "run"
+    script.write_text(CRASHING_SCRIPT)
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]  # a tmux server of its own
+    subprocess.run([*tmux, "new-session", "-d", "-s", "pm", "-x", "120", "-y", "40",
+                    f"cd {tmp_path} && {' '.join(PERFMON)} --run-dir {run} {script}; echo rc=$?; sleep 60"],
+                   env=env, check=True)
+
+    def screen() -> str:
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "pm"], capture_output=True, text=True).stdout
+
+    try:
+        wait_for(lambda: [m for m in events(run) if m.get("type") == "event" and m.get("kind") == "exit"],
+                 "the job's exit in the recording")
+        wait_for(lambda: "failed" in screen(), "the dashboard showing the failure")
+        subprocess.run([*tmux, "send-keys", "-t", "pm", "q"], check=True)
+        text = wait_for(lambda: "rc=1" in (t := screen()) and t, "perfmon's exit")
+        lines = text.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)"))
+        assert "crash.py\", line 6, in <module>" in text and "RuntimeError: mat1 and mat2" in text, text
+        assert "perfmon" not in "\n".join(lines[at:at + 3]), text  # the script's frames, as python prints them
+        assert any(line.startswith("perfmon: failed: RuntimeError") for line in lines[at:]), text
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
 #: Exceptions that pass through perfmon's wrappers on their way up: a forward raising in a thread (python's own
 #: ``threading.excepthook`` prints it, in C), signals a script sends itself (through the ``os.kill`` stand-in), and an
 #: uncaught Ctrl-C, which python hands to ``sys.excepthook`` like any other exception.

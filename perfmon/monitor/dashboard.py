@@ -73,6 +73,9 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     source.close()
     # the dashboard stopped reading when it closed: a job stopped from it ended after that
     finalize_recording(proc.run_dir, state, returncode, rules, complete=outcome not in (STOPPED, SIGNALLED))
+    if state.exit is not None and state.exit.traceback:
+        # the dashboard's screen is gone: the error stays in the terminal, as plain python leaves it
+        sys.stderr.write(state.exit.traceback if state.exit.traceback.endswith("\n") else state.exit.traceback + "\n")
     print(f"perfmon: {state.status}; run dir {proc.run_dir}", file=sys.stderr)
     hint = stdin_hint(state.exit.exception if state.exit else None)
     if hint:
