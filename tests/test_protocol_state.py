@@ -475,3 +475,18 @@ def test_a_script_that_replaced_itself_says_so_until_an_exit_is_recorded(events,
     for msg in events:
         state.apply(msg)
     assert state.status == status
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-message", "step-1-alone"])
+def test_the_step_time_chart_leaves_the_warm_up_step_out_as_the_tables_do(split):
+    """Step 1 (compilation, first calls) drew the chart's range "52.0-1128 ms" over 52 ms steps."""
+    state = RunState()
+    rows = [row(1, 1001.128, dur=1128.0)] + [row(i, 1001.128 + 0.052 * (i - 1), dur=52.0) for i in range(2, 40)]
+    if split:
+        state.apply(steps_msg(rows[:1], 1))
+        assert state.step_series.extent(None) is None  # nothing to chart yet
+        state.apply(steps_msg(rows[1:], 2))
+    else:
+        state.apply(steps_msg(rows, 1))
+    assert state.step_series.extent(None) == (52.0, 52.0)
+    assert state.steps == 39

@@ -187,7 +187,10 @@ class Store:
             self.first_start = first
         if self.last_end is None or last > self.last_end:
             self.last_end = last
-        self.step_series.add_many(t, dur)
+        if m.i[0] == 1:  # step 1 is warm-up (compilation, first calls): the chart and its range leave it out, as
+            self.step_series.add_many(t[1:], dur[1:])  # the tables do (it drew a 1.1 s bar over 52 ms steps)
+        else:
+            self.step_series.add_many(t, dur)
         bulk = self._bulk(m, columns[-1])
         weight = 1.0 + bulk / len(columns[-1]) if bulk else 1.0
         for name, column in zip((*ALL_PHASES, "step"), columns, strict=True):
