@@ -107,6 +107,20 @@ def test_attach_errors_are_one_line_exit_2(env, tmp_path):
         assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_attach_to_the_pid_of_a_run_that_ended_names_its_run_dir(env, tmp_path):
+    """``perfmon attach PID`` after the job ended said only "no process with pid"; its recording is found where
+    perfmon puts runs by default."""
+    from perfmon import protocol
+
+    run_dir = tmp_path / "perfmon-runs" / "20261207-231716-lm"
+    run_dir.mkdir(parents=True)
+    (run_dir / "events.jsonl").write_text(json.dumps(protocol.message("hello", seq=1, pid=999998)) + "\n")
+    out = subprocess.run([*PERFMON, "attach", "999998"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    found = run_dir.resolve()  # as the launcher's working directory names it
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        f"perfmon: error: pid 999998 has ended; its run: perfmon replay {found} or perfmon report {found}"]
+
+
 def test_attach_without_a_terminal_says_so_and_leaves_the_job_alone(env, tmp_path):
     """Without a terminal the dashboard drew escape codes into the file, spun a core and never ended."""
     run_dir = tmp_path / "run"

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from perfmon import paths
+from perfmon import paths, protocol
 
 #: The types of a discovery record's fields (each may also be missing or null): a file that says otherwise was not
 #: written by an agent, and is left out instead of failing ``perfmon ls`` or ``attach`` with a traceback.
@@ -129,7 +129,11 @@ def find_run(target: str | None) -> dict[str, Any]:
                 return chosen(r)
         if paths.pid_alive(int(target)):
             raise AttachError(f"pid {target} is not a perfmon run (start it with perfmon, or call perfmon.instrument())")
-        raise AttachError(f"no process with pid {target}")
+        ended = _ended_run(int(target))
+        if ended is not None:
+            raise AttachError(f"pid {target} has ended; its run: perfmon replay {ended} or perfmon report {ended}")
+        raise AttachError(f"no process with pid {target} (a run that ended is read by perfmon replay RUN_DIR or "
+                          "perfmon report RUN_DIR)")
     path = Path(target).resolve()
     for r in runs:
         if Path(r.get("run_dir", "")).resolve() == path:
@@ -139,3 +143,22 @@ def find_run(target: str | None) -> dict[str, Any]:
             raise AttachError(f"{target}: this run is not live any more; use perfmon replay {target} or perfmon report {target}")
         raise AttachError(f"{target}: no recording (events.jsonl) in this directory")
     raise AttachError(f"{target}: no such pid or run directory")
+
+
+def _ended_run(pid: int, root: Path | None = None, newest: int = 50) -> Path | None:
+    """The run dir under ``./perfmon-runs`` (the default place) whose recording began with ``pid``'s hello, among
+    the ``newest`` run dirs; None where there is none."""
+    root = root or Path.cwd() / "perfmon-runs"
+    try:
+        dirs = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.name, reverse=True)[:newest]
+    except OSError:
+        return None
+    for d in dirs:
+        try:
+            with open(d / "events.jsonl", "rb") as f:
+                first = json.loads(f.readline(1 << 16) or b"{}")
+        except (OSError, ValueError):
+            continue
+        if isinstance(first, dict) and protocol.hello_pid(first) == pid:
+            return d
+    return None
