@@ -490,3 +490,21 @@ def test_the_step_time_chart_leaves_the_warm_up_step_out_as_the_tables_do(split)
         state.apply(steps_msg(rows, 1))
     assert state.step_series.extent(None) == (52.0, 52.0)
     assert state.steps == 39
+
+
+@pytest.mark.parametrize("loaders, data_ms, said", [
+    ([], 0.0, True),  # a loop that slices its tensors: data reads 0 while its batches cost something
+    ([{"num_workers": 0, "batch_size": 32}], 1.0, False),
+    ([], 1.0, False),  # fetches timed otherwise (perfmon.phase("data"))
+    (None, 0.0, False),  # no model message yet: not known
+])
+def test_a_loop_without_a_dataloader_is_told_its_data_is_in_other(loaders, data_ms, said):
+    from perfmon.analysis.report import NO_LOADER
+    from perfmon.tui.widgets.phases import notes_line
+
+    state = RunState()
+    state.apply(steps_msg([row(i, 1000.0 + 0.01 * i, data=data_ms) for i in range(1, 40)], 1))
+    if loaders is not None:
+        state.apply(protocol.message("model", seq=2, params=10, loaders=loaders))
+    assert (NO_LOADER in notes_line(state)) is said
+    assert (f"data       {NO_LOADER}" in format_summary(state)) is said

@@ -183,6 +183,14 @@ def closures_per_step(store: Store) -> float | None:
     return store.closures_total / max(1, store.closure_steps)
 
 
+def no_loader(store: Store) -> bool:
+    """The job has stepped without a DataLoader (the model's facts list none) and no fetch was timed: its *data*
+    reads 0 while the script builds its batches itself (slicing tensors, a replay buffer), which is *other*."""
+    model = store.model
+    return (store.steps > 0 and model is not None and not model.loaders and store.totals["data"].total_ms <= 0
+            and store.prefetch_ms <= 0)
+
+
 def prefetch_share(store: Store) -> float | None:
     """Time other threads spent fetching batches (a prefetching generator), as a share of the step time; None
     when no fetch ran on another thread."""

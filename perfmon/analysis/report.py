@@ -79,6 +79,10 @@ NO_STEPS = ("no training steps seen: no DataLoader fetch, module call and optimi
             "(a custom loop? mark steps with perfmon.step(); README \"What is measured, and how\")")
 
 
+#: Said where the job steps without a DataLoader: its data row reads 0, which is not what its batches cost.
+NO_LOADER = "no DataLoader: the script's own batch building (slicing tensors, a buffer) is in other"
+
+
 #: Said instead where the job never imported torch: its training ran in processes perfmon did not start.
 NO_TORCH = ("no training steps seen: this process never imported torch. Training that a launcher runs in processes "
             "of its own (a subprocess) is not followed: run the training script itself under perfmon (perfmon "
@@ -317,6 +321,8 @@ def format_summary(state: RunState, summary: dict[str, Any] | None = None) -> st
         lines.append(outside)
     if s["closures_per_step"]:
         lines.append(f"  {'closures':<10} {s['closures_per_step']:.1f} evaluations per step (optimizer.step(closure))")
+    if state.no_loader():
+        lines.append(f"  {'data':<10} {NO_LOADER}")
     if s.get("prefetch_share"):
         lines.append(f"  {'prefetch':<10} another thread fetched batches for {s['prefetch_share'] * 100:.0f}% of the "
                      "step time (a prefetching thread: the training thread's wait for it is in other)")

@@ -61,6 +61,9 @@ class RunState(Store):
     def prefetch_share(self) -> float | None:
         return metrics.prefetch_share(self)
 
+    def no_loader(self) -> bool:
+        return metrics.no_loader(self)
+
     def batch_size(self) -> int | None:
         return metrics.batch_size(self)
 

@@ -12,7 +12,7 @@ from textual.geometry import Size
 from textual.reactive import reactive
 
 from perfmon.analysis.metrics import PhaseStat, PhaseStats
-from perfmon.analysis.report import NO_STEPS, no_steps
+from perfmon.analysis.report import NO_LOADER, NO_STEPS, no_steps
 from perfmon.analysis.state import RunState
 from perfmon.protocol import ALL_PHASES
 from perfmon.tui.widgets import fmt
@@ -86,6 +86,8 @@ def notes_line(state: RunState) -> str:
         parts.append(f"a prefetching thread fetches {fmt.share(prefetch)} of the time")
     if state.windowed_steps:
         parts.append(f"{fmt.count(state.windowed_steps)} profiled steps left out")
+    if state.no_loader():
+        parts.append(NO_LOADER)
     return " · ".join(parts)
 
 
