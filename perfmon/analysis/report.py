@@ -80,7 +80,7 @@ NO_STEPS = ("no training steps seen: no DataLoader fetch, module call and optimi
 
 
 #: Said where the job steps without a DataLoader: its data row reads 0, which is not what its batches cost.
-NO_LOADER = "no DataLoader: the script's own batch building (slicing tensors, a buffer) is in other"
+NO_LOADER = "no DataLoader: the batches the script builds are in other"
 
 
 #: Said instead where the job never imported torch: its training ran in processes perfmon did not start.
