@@ -263,6 +263,23 @@ def test_step_instability_periodic_spikes_and_quiet_when_steady():
     assert find(make_state(), "step-instability") is None
 
 
+@pytest.mark.parametrize("loader, says", [
+    (None, None),
+    ({**LOADER, "num_workers": 2, "persistent_workers": True}, None),
+    ({**LOADER, "num_workers": 2, "persistent_workers": False}, "set persistent_workers=True."),
+    # a helper's loop: a DataLoader with 2 workers built every epoch, spikes "every 16 steps"
+    ({**LOADER, "num_workers": 2, "persistent_workers": True, "rebuilt": 4}, "build the loader once"),
+])
+def test_step_instability_with_a_period_names_workers_started_every_epoch(loader, says):
+    model = {"loaders": [loader]} if loader else None
+    f = find(make_state(spikes={i: 40.0 for i in range(20, 101, 20)}, model=model), "step-instability")
+    assert f is not None and f.evidence["period"] == 20
+    if says is None:
+        assert "workers to start" not in f.fix
+    else:
+        assert "If 20 steps are an epoch" in f.fix and "2 workers to start" in f.fix and says in f.fix, f.fix
+
+
 SCATTERED = {35: 40.0, 52: 40.0, 60: 40.0, 77: 40.0, 91: 40.0}  # no period: 17, 8, 17, 14 steps apart
 PERIODIC = {i: 40.0 for i in range(20, 101, 20)}
 QUIET = {"cpu_percent": 100.0, "cpu_count": 8, "system_cpu_percent": 13.0, "workers": 0}  # others: 0.04 CPUs

@@ -6,7 +6,7 @@ import math
 
 from perfmon.analysis.rules.base import Config, Facts, Finding, rule
 from perfmon.analysis.rules.host_cpu import other_processes_cpus, wait_share
-from perfmon.messages import OptimizerFlags, as_sent
+from perfmon.messages import OptimizerFlags, as_sent, training_loader
 
 PHASE_ADVICE = {
     "data": "the input pipeline (see input-bound)",
@@ -56,6 +56,16 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
                 "spike_steps": spikes[-10:], "period": period}
     fix = ("Find what runs on the spiking steps: checkpoint saves, logging/evaluation every N steps, Python GC "
            "(gc.freeze() after setup), host syncs (.item()). Move them off the training loop or do them less often.")
+    loader = training_loader(f.model.loaders)
+    if period and loader is not None and loader.num_workers and (
+            not loader.persistent_workers or (loader.rebuilt or 0) >= 2):
+        # each epoch's first step waits for the loader's workers to start (and fill their queue) again
+        why = ("the DataLoader is built anew every epoch" if (loader.rebuilt or 0) >= 2
+               else "its DataLoader starts its workers again every epoch (persistent_workers=False)")
+        fix += (f" If {period} steps are an epoch, {why}: each epoch's first step waits for "
+                f"{loader.num_workers} workers to start; " + ("build the loader once, before the epoch loop."
+                                                                if (loader.rebuilt or 0) >= 2
+                                                                else "set persistent_workers=True."))
     others, waits = other_processes_cpus(f.host), wait_share(f.host)
     busy = [f"other processes use {others:.1f} of {f.host.cpu_count or 1} CPUs"] if (
         others is not None and others >= cfg.busy_host_cpus) else []
