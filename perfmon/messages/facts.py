@@ -77,6 +77,11 @@ class LoaderSettings:
     rebuilt: int | None = None
     given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
+    @property
+    def built_every_epoch(self) -> bool:
+        """Built anew for its epoch twice in a row or more: the loop builds it inside its epoch loop."""
+        return (self.rebuilt or 0) >= 2
+
 
 CONVERT["tuple[OptimizerFlags, ...]"] = lambda v: records(OptimizerFlags, v)
 CONVERT["tuple[LoaderSettings, ...]"] = lambda v: records(LoaderSettings, v)

@@ -63,7 +63,7 @@ def _loader_fixes(f: Facts) -> list[str]:
             steps.append(f"raise DataLoader(num_workers={nw}) towards {min(cpus, max(2 * nw, 4))} (this host has {cpus} CPUs)")
         if not loader.pin_memory and f.gpus:
             steps.append("set pin_memory=True so host-to-device copies overlap")
-        if nw and (loader.rebuilt or 0) >= 2:  # persistent_workers cannot keep workers across loaders
+        if nw and loader.built_every_epoch:  # persistent_workers cannot keep workers across loaders
             steps.append(f"build the DataLoader once, before the epoch loop: a new one each epoch starts its {nw} "
                          "workers again at every epoch (persistent_workers keeps them only across one loader's epochs)")
         elif nw and not loader.persistent_workers:

@@ -58,14 +58,14 @@ def step_instability(f: Facts, cfg: Config) -> Finding | None:
            "(gc.freeze() after setup), host syncs (.item()). Move them off the training loop or do them less often.")
     loader = training_loader(f.model.loaders)
     if period and loader is not None and loader.num_workers and (
-            not loader.persistent_workers or (loader.rebuilt or 0) >= 2):
+            loader.built_every_epoch or not loader.persistent_workers):
         # each epoch's first step waits for the loader's workers to start (and fill their queue) again
-        why = ("the DataLoader is built anew every epoch" if (loader.rebuilt or 0) >= 2
-               else "its DataLoader starts its workers again every epoch (persistent_workers=False)")
+        why, cure = (("the DataLoader is built anew every epoch", "build the loader once, before the epoch loop.")
+                     if loader.built_every_epoch else
+                     ("its DataLoader starts its workers again every epoch (persistent_workers=False)",
+                      "set persistent_workers=True."))
         fix += (f" If {period} steps are an epoch, {why}: each epoch's first step waits for "
-                f"{loader.num_workers} workers to start; " + ("build the loader once, before the epoch loop."
-                                                                if (loader.rebuilt or 0) >= 2
-                                                                else "set persistent_workers=True."))
+                f"{loader.num_workers} workers to start; {cure}")
     others, waits = other_processes_cpus(f.host), wait_share(f.host)
     busy = [f"other processes use {others:.1f} of {f.host.cpu_count or 1} CPUs"] if (
         others is not None and others >= cfg.busy_host_cpus) else []
