@@ -269,7 +269,10 @@ def test_frozen_monitor_does_not_slow_training_and_catches_up(env, tmp_path):
         # the loop's seconds: steps show ~1 s in, the freeze spans ~4 to ~12 (later on a loaded machine)
         before = [r for r in per_cpu[1:4] if r is not None]
         frozen = [r for r in per_cpu[6:12] if r is not None]
-        assert sorted(frozen)[len(frozen) // 2] > 0.7 * sorted(before)[len(before) // 2]
+        # Each phase's best second: a busy neighbour (a sibling hyperthread, a VM's stolen time charged to the
+        # thread) only ever lowers a second's rate, by up to half here and in CI, and a median of a few seconds
+        # caught that; a cost the frozen monitor put on each step lowers every second of the freeze.
+        assert max(frozen) > 0.7 * max(before)
         assert min(steps[6:12]) > 0  # and the loop never stopped for a whole second (nothing blocked on the monitor)
         assert rss_frozen - rss_before < 150 * 2**20  # the agent drops what the monitor does not read
         summary = json.loads((run_dir / "summary.json").read_text())
