@@ -1356,13 +1356,16 @@ for i in range(5):
     opt.zero_grad()
     model(torch.randn(2, 4 if i < 3 else 5)).sum().backward()
     opt.step()
+    for k in range(10):
+        print(f"step {i} line {k}", flush=True)
 """
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux to run the dashboard in a terminal")
-def test_a_crash_leaves_its_traceback_in_the_terminal_once_the_dashboard_closes(env, tmp_path):
+def test_a_crash_leaves_its_output_traceback_and_summary_in_the_terminal_once_the_dashboard_closes(env, tmp_path):
     """The dashboard shows the failure; quitting it left only "perfmon: failed: RuntimeError" where plain python
-    leaves the traceback (the dashboard's screen is the terminal's alternate one, gone when it closes)."""
+    leaves the script's output and traceback (the dashboard's screen is the terminal's alternate one, gone when it
+    closes). Now: the output's last 20 lines under a line naming its file, the traceback once, the summary."""
     script, run = tmp_path / "crash.py", tmp_path / "run"
     script.write_text(CRASHING_SCRIPT)
     tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]  # a tmux server of its own
@@ -1371,7 +1374,9 @@ def test_a_crash_leaves_its_traceback_in_the_terminal_once_the_dashboard_closes(
                    env=env, check=True)
 
     def screen() -> str:
-        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "pm"], capture_output=True, text=True).stdout
+        # with the lines scrolled off the top (after the dashboard, the terminal's main screen)
+        return subprocess.run([*tmux, "capture-pane", "-p", "-S", "-200", "-t", "pm"], capture_output=True,
+                              text=True).stdout
 
     try:
         wait_for(lambda: [m for m in events(run) if m.get("type") == "event" and m.get("kind") == "exit"],
@@ -1383,7 +1388,16 @@ def test_a_crash_leaves_its_traceback_in_the_terminal_once_the_dashboard_closes(
         at = next(i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)"))
         assert "crash.py\", line 6, in <module>" in text and "RuntimeError: mat1 and mat2" in text, text
         assert "perfmon" not in "\n".join(lines[at:at + 3]), text  # the script's frames, as python prints them
+        assert text.count("Traceback (most recent call last)") == 1, text
         assert any(line.startswith("perfmon: failed: RuntimeError") for line in lines[at:]), text
+        # 30 lines printed, then the traceback (one file: tmux's terminal is both streams): the last 20 stay, above
+        # the whole traceback and below a line that names the file with all of them
+        more = next(i for i, line in enumerate(lines) if line.startswith("perfmon: the script's output, its last"))
+        assert lines[at - 20:at] == [f"step {i} line {k}" for i in (1, 2) for k in range(10)], text
+        assert "step 0 line 9" not in text and more < at - 20, text
+        assert str(run / "output.log") in "".join(lines[more:at - 20]), text  # (wrapped at 120 columns)
+        summary = next(i for i, line in enumerate(lines) if line.startswith("perfmon summary:"))
+        assert at < summary and any(line.split()[:2] == ["steps", "3"] for line in lines[summary:]), text
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
 

@@ -12,6 +12,7 @@ import pytest
 
 from perfmon import protocol
 from perfmon.monitor.headless import LogTail
+from perfmon.monitor.left_in_terminal import NEAR_END, last_lines, print_output_tail
 from perfmon.recording import RecordingReader
 from perfmon.tail import OutputTail, Tail
 
@@ -289,3 +290,31 @@ def test_a_file_truncated_and_written_again_past_the_read_offset_is_read_from_it
     with open(path, "ab") as f:
         f.write(b"next\n")
     assert tail.read() == b"next\n"  # appends after it read on as before
+
+
+def test_last_lines_left_in_the_terminal_are_what_it_showed(tmp_path):
+    """A closed dashboard leaves the script's last lines: a tqdm line as its last redraw, a nested bar's redraw
+    (it ends by moving the cursor up) left out, the unterminated end kept; and whether there are more before."""
+    out = tmp_path / "output.log"
+    out.write_bytes(b"".join(b"line %d\n" % i for i in range(30)) + b"10%|#  \r50%|#### \r100%|########\r\n"
+                    + b"inner 3/9\x1b[A\n" + b"accuracy: 0.93")
+    lines, more = last_lines(out, count=3)
+    assert lines == ["line 29", "100%|########", "accuracy: 0.93"] and more
+    lines, more = last_lines(out, count=40)
+    assert len(lines) == 32 and lines[0] == "line 0" and not more
+    assert last_lines(tmp_path / "missing.log") == ([], False)
+    # a file longer than what is read back: more, whatever the count
+    out.write_bytes(b"x" * (NEAR_END + 10) + b"\nlast\n")
+    assert last_lines(out, count=40) == (["last"], True)
+
+
+def test_output_tail_names_its_file_when_it_cuts(tmp_path):
+    (tmp_path / "output.log").write_text("".join(f"out {i}\n" for i in range(25)))
+    (tmp_path / "stderr.log").write_text("warn\nTraceback (most recent call last):\n  x\nValueError: v\n")
+    out, err = io.StringIO(), io.StringIO()
+    traceback = "Traceback (most recent call last):\n  x\nValueError: v\n"
+    shown = print_output_tail(tmp_path, False, out, err, traceback=traceback)
+    assert out.getvalue() == "".join(f"out {i}\n" for i in range(5, 25))
+    assert err.getvalue().startswith(f"perfmon: the script's stdout, its last 20 lines (all of it: {tmp_path}/output.log)")
+    assert err.getvalue().endswith("warn\nTraceback (most recent call last):\n  x\nValueError: v\n")
+    assert shown == "warn\nTraceback (most recent call last):\n  x\nValueError: v\n"

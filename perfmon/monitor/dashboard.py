@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from perfmon import paths
+from perfmon.analysis.report import format_summary
 from perfmon.analysis.rules import Config
 from perfmon.analysis.state import RunState
 from perfmon.monitor.exit_like import exit_status
@@ -20,6 +21,7 @@ from perfmon.monitor.launch import (
     signals_to,
     stdin_hint,
 )
+from perfmon.monitor.left_in_terminal import print_output_tail
 from perfmon.monitor.sources import connect
 
 
@@ -72,10 +74,16 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     # Let the stream finish so the final state (and any exit record we add) is complete.
     source.close()
     # the dashboard stopped reading when it closed: a job stopped from it ended after that
-    finalize_recording(proc.run_dir, state, returncode, rules, complete=outcome not in (STOPPED, SIGNALLED))
-    if state.exit is not None and state.exit.traceback:
-        # the dashboard's screen is gone: the error stays in the terminal, as plain python leaves it
-        sys.stderr.write(state.exit.traceback if state.exit.traceback.endswith("\n") else state.exit.traceback + "\n")
+    summary = finalize_recording(proc.run_dir, state, returncode, rules,
+                                 complete=outcome not in (STOPPED, SIGNALLED))
+    # the dashboard's screen is gone: the script's last lines and its error stay in the terminal, as plain python
+    # leaves them, and the summary below them, as a headless run ends
+    traceback = state.exit.traceback if state.exit is not None else None
+    shown = print_output_tail(proc.run_dir, proc.combined_output, sys.stdout, sys.stderr, traceback)
+    if traceback and traceback.rstrip("\n").rsplit("\n", 1)[-1] not in shown:
+        sys.stderr.write(traceback if traceback.endswith("\n") else traceback + "\n")
+    if summary is not SUMMARY_FAILED:
+        print_summary(lambda: format_summary(state, summary), proc.run_dir, sys.stderr)
     print(f"perfmon: {state.status}; run dir {proc.run_dir}", file=sys.stderr)
     hint = stdin_hint(state.exit.exception if state.exit else None)
     if hint:
