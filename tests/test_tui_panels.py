@@ -517,6 +517,23 @@ async def test_c_on_cpu_run_shows_the_agents_answer(tmp_path: Path) -> None:
         assert [n.title for n in app._notifications] == ["free CUDA cache"]  # the key's words, not the wire id
 
 
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+async def test_footer_offers_the_command_keys_that_act_on_this_job(tmp_path: Path, device: str) -> None:
+    """p and f on every running job; c and m where it has a CUDA device (the footer showed only p). On a CPU job
+    c and m are off the footer, not off the keyboard: the job answers them."""
+    app, source = live_app(tmp_path, device=device)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await live_loaded(pilot)
+        await wait_until(pilot, lambda: "f FLOPs" in screen_text(app).splitlines()[-1])
+        footer = screen_text(app).splitlines()[-1]
+        assert "p Profile" in footer and "d Detach" in footer and "? Help" in footer, footer
+        assert ("c Free cache" in footer and "m Snapshot" in footer) == (device == "gpu"), footer
+        await pilot.press("c", "m")
+        assert source.sent == [Command("empty_cache", id=1), Command("memory_snapshot", id=2)]
+        await pilot.press("question_mark")
+        assert "not in a replay" not in screen_text(app)  # nothing listed as needing a running job: it runs
+
+
 async def test_command_keys_names_ids_and_failures(tmp_path: Path) -> None:
     app, source = live_app(tmp_path)
     async with app.run_test(size=(120, 40), notifications=True) as pilot:

@@ -34,14 +34,21 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "p": ("profile", "Profile", "profiler window at the next step (ops view)"),
     "c": ("empty_cache", "Free cache", "empty the CUDA caching allocator's cache"),
     "f": ("count_flops", "FLOPs", "count one step's FLOPs (MFU, model view)"),
-    "m": ("memory_snapshot", "Mem snapshot", "record 5 steps, save a CUDA memory snapshot"),
+    "m": ("memory_snapshot", "Snapshot", "record 5 steps, save a CUDA memory snapshot"),
     "e": ("export", "Export", "export the last window's top ops to a file"),
 }
+#: Command keys the footer offers while the job runs: these always, and ``CUDA_KEYS`` where it has a CUDA device
+#: (on a CPU job they still answer when pressed: nothing to free, no snapshot to take).
+FOOTER_KEYS = ("p", "f")
+CUDA_KEYS = ("c", "m")
+_CUDA_COMMANDS = tuple((COMMANDS[key][0],) for key in CUDA_KEYS)
 #: The dashboard's keys. To add one: a Binding here (the tooltip is its help line) and an ``action_*``.
 KEYS: list[Binding] = [
     Binding("q", "request_quit", "Quit", tooltip="quit (asks first if the job runs)"),
     Binding("ctrl+c", "request_quit", "Quit", show=False, priority=True, tooltip="same as q"),
     Binding("ctrl+q", "request_quit", "Quit", show=False, priority=True, tooltip="same as q"),
+    # second: what the footer cannot fit at 80 columns is cut from its end, and this lists every key
+    Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
     Binding("d", "detach", "Detach", tooltip="detach: exit, leave the job running"),
     *(Binding(str(i), f"view('{view}')", "View", show=i == 1,
               key_display=f"1-{len(VIEWS)}" if i == 1 else None, group=VIEW_GROUP, tooltip=f"views: {label}")
@@ -49,11 +56,10 @@ KEYS: list[Binding] = [
     Binding(str(len(VIEWS) + 1), f"view('{RANKS_VIEW[0]}')", "Ranks", tooltip="multi-rank job: every rank in a "
             "table, the job's findings (its keys act on every rank)"),
     Binding("r", "next_rank", "Rank", tooltip="multi-rank job: the next rank in every per-rank view"),
-    *(Binding(key, f"command('{name}')", label, show=key == "p", tooltip=text)
+    *(Binding(key, f"command('{name}')", label, show=key in FOOTER_KEYS + CUDA_KEYS, tooltip=text)
       for key, (name, label, text) in COMMANDS.items()),
     Binding("s", "cycle_sort", "Sort", tooltip="ops view: next sort order of the top ops"),
     Binding("t", "cycle_span", "Span", tooltip="chart span: " + ", ".join(s for s, _ in SPANS)),
-    Binding("question_mark", "help", "Help", key_display="?", tooltip="this help"),
     Binding("space", "replay('toggle_pause')", "Pause", group=REPLAY_GROUP, tooltip="replay: pause / play"),
     Binding("plus", "replay('faster')", "Faster", key_display="+", group=REPLAY_GROUP,
             tooltip="replay: faster"),
@@ -254,15 +260,25 @@ class PerfmonApp(DashboardShell):
             return self.job is not None
         if action == "replay":
             return self.mode.player is not None
-        if action in ("command", "detach") and not self.live and parameters != ("export",):
+        if self._needs_a_job(action, parameters):
             return False  # a replay or a finished job: no job to command or to leave running (export is ours)
+        if action == "command" and parameters in _CUDA_COMMANDS and not self.cuda:
+            return False  # off the footer of a CPU job; on_key still sends it
         return True
+
+    def _needs_a_job(self, action: str, parameters: tuple[object, ...]) -> bool:
+        """The key acts on a running job, and there is none here."""
+        return action in ("command", "detach") and not self.live and parameters != ("export",)
 
     def on_key(self, event: events.Key) -> None:
         """A key that acts on a running job, pressed where there is none (a replay, a job that ended): said, not
-        silently dropped (its binding is off, so the key reaches here)."""
+        silently dropped (its binding is off, so the key reaches here). c and m of a CPU job: sent all the same
+        (their bindings are off only to keep them out of the footer), the job answers that it has no CUDA device."""
         key = event.key
-        if key in COMMANDS and key != "e" and not self.live and len(self.screen_stack) == 1:
+        if key in CUDA_KEYS and self.live and not self.cuda and len(self.screen_stack) == 1:
+            event.stop()
+            self.action_command(COMMANDS[key][0])
+        elif key in COMMANDS and key != "e" and not self.live and len(self.screen_stack) == 1:
             event.stop()
             self.notify(f"{key}: no running job here ({'a replay' if self.mode.player is not None else 'it ended'}); "
                         f"{COMMANDS[key][2]} needs one", title=COMMANDS[key][0], severity="warning", markup=False)
@@ -286,7 +302,7 @@ class PerfmonApp(DashboardShell):
             if self.job is None and binding.action in ("next_rank", f"view('{RANKS_VIEW[0]}')"):
                 continue
             _, action, params = parse_action(binding.action)
-            if action in ("command", "detach") and not self.check_action(action, params):
+            if self._needs_a_job(action, params):
                 dead.append(binding.key_display or binding.key)  # a replay, a finished job: said in one row
             keys, _ = seen.setdefault(binding.action, ([], binding.tooltip or binding.description))
             keys.append(binding.key_display or binding.key)

@@ -111,6 +111,7 @@ class DashboardShell(App[None]):
         self._dirty = False
         self._outcome: str | None = None
         self._was_live = False
+        self.cuda = False  # the job has a CUDA device: the footer offers the keys that act on one (c, m)
         self._bg_stop = threading.Event()
         self._job_over = threading.Event()
         self.engine = Engine(rules)
@@ -170,7 +171,7 @@ class DashboardShell(App[None]):
             yield FindingsPanel(id="findings")
             yield RanksPanel(id="ranks")
             yield LogPanel(id="log")
-        yield Footer()
+        yield Footer(compact=True)  # a GPU job's keys fit in 80 columns
 
     def on_mount(self) -> None:
         for panel, title in (("#phases", "step phases"), ("#device", "device"), ("#host", "host"),
@@ -228,6 +229,7 @@ class DashboardShell(App[None]):
             # a job this dashboard launched has /dev/null for stdin (the dashboard reads the keys)
             launched = self.process is not None and not getattr(self.process, "inherit_stdin", True)
             hint = stdin_hint(exception) if launched else None
+            cuda = self.state.meta.cuda is True
         self.query_one(RunHeader).info = header
         if info is not None:
             phases.info = info
@@ -248,9 +250,9 @@ class DashboardShell(App[None]):
         say_warnings(self, warnings, log)
         self.refreshes += 1
         self._last_refresh = time.monotonic()
-        if self.live != self._was_live:
-            self._was_live = self.live
-            self.refresh_bindings()  # job ended (or connected): the footer drops or offers d and p c f m e
+        if self.live != self._was_live or cuda != self.cuda:
+            self._was_live, self.cuda = self.live, cuda
+            self.refresh_bindings()  # job ended (or connected, or found its GPU): the footer drops or offers d p c f m
         if self.job_ended:
             self._job_over.set()
             if isinstance(self.screen, QuitScreen):  # asked to quit while it ran: the question is moot now
