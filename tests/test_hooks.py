@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from perfmon.agent.hooks import Instrumentation, accelerator, is_loss
+from perfmon.agent.hooks import Instrumentation, accelerator, is_loss, wrapped_models
 from perfmon.agent.steps import BEGIN, BOUNDARY, END, PREFETCH, StepTracker
 
 
@@ -797,3 +797,51 @@ def test_training_loader_is_the_newest_not_iterated_for_an_evaluation(training, 
     loaders = tuple(LoaderSettings(batch_size=i, training=t) for i, t in enumerate(training))
     got = training_loader(loaders)
     assert (got.batch_size if got else None) == picked
+
+
+def test_an_evaluation_of_the_model_a_wrapper_trains_is_outside_the_steps(hooks):
+    """Training calls a wrapper (DDP, DataParallel, torch.compile's OptimizedModule), the evaluation the model it
+    wraps, under no_grad inside a loader iterated with grad enabled (HF's ``evaluation_loop``; its Trainer with
+    ``torch_compile``): the model's own calls were not timed, so each evaluation's fetches and samples joined the
+    next step (16 + 1024 samples, a critical input-bound). They are a copy's calls now: an evaluation."""
+    inst, rec = hooks
+    model = mlp()
+    wrapper = nn.DataParallel(model)  # on a CPU: calls the model it wraps, as DDP does
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=2)
+    val_loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8)
+    for _epoch in range(2):
+        for i, (x,) in enumerate(train_loader):
+            wrapper(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if i in (3, 6):
+                model.eval()
+                for (v,) in val_loader:
+                    with torch.no_grad():
+                        model(v)
+                model.train()
+    tracker, records, t = StepTracker(), [], 0.0
+    for code, arg in rec.events:
+        t += 0.001
+        if (record := tracker.feed(code, t, arg)) is not None:
+            records.append(record)
+    if (record := tracker.finish()) is not None:
+        records.append(record)
+    assert rec.errors == [] and inst.roots == [wrapper]
+    assert len(records) == 16 and [r.samples for r in records] == [2] * 16
+    assert sum(1 for f in rec.forwards() if f[1] == id(model)) == 4 * 4  # the evaluations' calls, timed
+
+
+def test_the_models_wrappers_run_are_found_through_any_nesting():
+    model = mlp()
+    ddp_like = nn.DataParallel(model)
+    compiled = torch.compile(ddp_like)  # built, never called: nothing compiles
+    assert wrapped_models(compiled) == [ddp_like, model] and wrapped_models(model) == []
+
+    class Holder(nn.Module):  # a model with one child under another name is no wrapper
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = mlp()
+
+    assert wrapped_models(Holder()) == []

@@ -134,6 +134,28 @@ def loader_settings(loader: Any, training: bool | None = None) -> dict[str, Any]
     }
 
 
+#: The attribute under which a wrapper holds the model it runs, as its only child: DDP, DataParallel and DeepSpeed's
+#: engine (``module``), ``torch.compile``'s OptimizedModule (``_orig_mod``), FSDP (``_fsdp_wrapped_module``).
+_WRAPPED = ("module", "_orig_mod", "_fsdp_wrapped_module")
+
+
+def wrapped_models(mod: Any) -> list[Any]:
+    """The models ``mod`` wraps, outermost first (``torch.compile(DDP(model))``: the DDP, then ``model``): a
+    module whose only child is held under one of :data:`_WRAPPED`."""
+    out: list[Any] = []
+    seen = {id(mod)}
+    while True:
+        children = getattr(mod, "_modules", None)
+        if not isinstance(children, dict) or len(children) != 1:
+            return out
+        name, inner = next(iter(children.items()))
+        if name not in _WRAPPED or not isinstance(inner, torch.nn.Module) or id(inner) in seen:
+            return out
+        out.append(inner)
+        seen.add(id(inner))
+        mod = inner
+
+
 def _compiled_module(mod: Any) -> bool:
     """``mod`` runs compiled code when called: ``torch.compile(model)``'s OptimizedModule, or ``model.compile()``."""
     if mod.__dict__.get("_compiled_call_impl") is not None:
@@ -1111,7 +1133,9 @@ class Instrumentation:
         self._losses.clear()
 
     def hook_root(self, module: torch.nn.Module) -> None:
-        """Time every call of ``module`` (that instance only) as a forward phase."""
+        """Time every call of ``module`` (that instance only) as a forward phase; and the top-level calls of the
+        model a wrapper root runs (``torch.compile``'s, DDP's), as a copy's: an evaluation that calls the unwrapped
+        model (HF's ``Trainer`` with ``torch_compile``, a DDP loop evaluating ``model.module``) is seen as one."""
         if self._is_root(module):
             return
         key = id(module)
@@ -1119,7 +1143,13 @@ class Instrumentation:
         self._root_refs[key] = ref
         self._roots.append(ref)
         self._rooted = True
-        cls = type(module)
+        self._time_calls(type(module))
+        for inner in wrapped_models(module):
+            self._time_calls(type(inner))  # not a root: under no_grad its calls are a copy's (COPY)
+
+    def _time_calls(self, cls: type) -> None:
+        """Time the top-level calls of ``cls``'s instances as forward phases (those inside another timed call, a
+        root's or a wrapper's, are its own)."""
         if cls in self._calls:
             return
         roots = self._root_refs
