@@ -427,6 +427,17 @@ def _attach_job(run: dict, metrics: Any = None) -> int:
     return 0
 
 
+def _speed(text: str) -> float:
+    """A replay speed: what its keys reach (1x to 3600x); 0, a negative speed or nan froze or crashed the replay."""
+    try:
+        speed = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 1 <= speed <= 3600:  # nan fails both
+        raise argparse.ArgumentTypeError(f"{text} is out of range: 1 to 3600 (x real time)")
+    return speed
+
+
 def _replay(argv: list[str]) -> int:
     from perfmon.analysis.report import ReportError, load_recording, run_dir_of, spawned_job_of
     from perfmon.monitor.sources import PacedReplaySource
@@ -434,7 +445,7 @@ def _replay(argv: list[str]) -> int:
     p = _Parser(prog="perfmon replay", description="The dashboard over a recording, played back in time "
                 "(space pause, + - speed, [ start, ] end).")
     p.add_argument("run_dir", type=Path, help="a run directory (holds events.jsonl), or its events.jsonl")
-    p.add_argument("--speed", type=float, default=60.0, help="playback speed, x real time (default 60)")
+    p.add_argument("--speed", type=_speed, default=60.0, help="playback speed, x real time, 1 to 3600 (default 60)")
     args = p.parse_args(argv)
     from perfmon.analysis.job import is_job_dir
 

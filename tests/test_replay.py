@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from perfmon import protocol
 from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import PacedReplaySource
@@ -184,3 +186,15 @@ async def test_replay_profile_age_is_recording_time(tmp_path):
         assert info.age is not None and info.age.endswith("s ago") and "min" not in info.age and "h" not in info.age
         assert info.capturing is None
     src.close()
+
+
+@pytest.mark.parametrize("speed, said", [("0", "0 is out of range: 1 to 3600"), ("-3", "-3 is out of range"),
+                                         ("nan", "nan is out of range"), ("100000", "100000 is out of range"),
+                                         ("fast", "not a number: 'fast'")])
+def test_a_replay_speed_its_keys_cannot_reach_is_a_clear_error(tmp_path, capsys, speed, said):
+    """0 showed a ZeroDivisionError as a stream error, -3 waited forever, nan crashed the dashboard with exit 0."""
+    from perfmon.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["replay", str(tmp_path), "--speed", speed])
+    assert ended.value.code == 2 and said in capsys.readouterr().err
