@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from perfmon import protocol
 from perfmon.analysis.report import build_summary, format_summary, status_line
 from perfmon.analysis.state import Histogram, RunState, TimeSeries
+from perfmon.tui.widgets.phases import notes_line
 
 
 def steps_msg(rows, seq):
@@ -153,6 +154,19 @@ def test_the_summary_names_time_outside_steps_that_reads_as_more_than_zero():
                                 "checkpoint": {"ms": 30.0, "share": 0.25}}
     lines = [line.split() for line in format_summary(state, summary).splitlines() if line.startswith("  outside")]
     assert lines == [["outside", "checkpoint", "25.0%", "of", "wall", "time", "(not", "in", "any", "step)"]]
+
+
+def test_time_outside_steps_is_a_share_of_the_recordings_time_not_of_the_clock_now():
+    """A job killed without an exit record: its report's share shrank each time it was read (the wall clock went
+    on); a replay paused mid-way read its share against today. Up to the last word, or the dashboard's clock."""
+    state = RunState()
+    state.apply(hello())  # start 1000.0
+    msg = steps_msg([row(i, 1000.0 + i) for i in range(1, 11)], seq=2)
+    msg["outside"] = {"evaluation_ms": 500.0}
+    state.apply(msg)
+    assert build_summary(state)["outside_steps"]["evaluation"]["share"] == pytest.approx(0.05)  # 0.5 s of 10 s
+    assert state.outside_shares(now=1005.0)["evaluation"] == pytest.approx(0.1)
+    assert notes_line(state, now=1005.0).startswith("outside steps: evaluation 10% of wall time")
 
 
 @pytest.mark.parametrize(("steps", "words"), [

@@ -167,10 +167,11 @@ def batch_size(store: Store) -> int | None:
     return values[len(values) // 2] if values else None
 
 
-def outside_shares(store: Store) -> dict[str, float] | None:
-    """Share of the job's wall time spent outside training steps, by kind (None: none seen)."""
+def outside_shares(store: Store, now: float | None = None) -> dict[str, float] | None:
+    """Share of the job's wall time spent outside training steps, by kind (None: none seen). ``now``: where a job
+    without an exit ends (a replay's clock, a killed job's last word); the wall clock by default."""
     total = sum(store.outside_ms.values())
-    wall = elapsed(store) * 1000.0
+    wall = elapsed(store, now) * 1000.0
     if total <= 0 or wall <= 0:
         return None
     return {k: min(1.0, v / wall) for k, v in store.outside_ms.items()}

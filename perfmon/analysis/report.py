@@ -170,7 +170,8 @@ def outside_line(outside_steps: dict[str, Any]) -> str | None:
 
 def _outside(state: RunState) -> dict[str, Any]:
     """Time outside training steps: ms and share of wall time per kind (evaluation, checkpoint, other)."""
-    shares = state.outside_shares() or {}
+    # without an exit, up to the recording's last word, as elapsed_s (the share shrank with the clock)
+    shares = state.outside_shares(None if state.exit else _last_word(state)) or {}
     return {k: {"ms": _round(v) or 0.0, "share": _round(shares.get(k), 4) or 0.0} for k, v in state.outside_ms.items()}
 
 

@@ -49,8 +49,8 @@ class RunState(Store):
     def samples_per_s(self, recent: bool = True) -> float | None:
         return metrics.samples_per_s(self, recent)
 
-    def outside_shares(self) -> dict[str, float] | None:
-        return metrics.outside_shares(self)
+    def outside_shares(self, now: float | None = None) -> dict[str, float] | None:
+        return metrics.outside_shares(self, now)
 
     def closures_per_step(self) -> float | None:
         return metrics.closures_per_step(self)

@@ -214,7 +214,7 @@ class DashboardShell(App[None]):
         with self.lock:
             self._dirty = False
             header = self._header_info()
-            info = PhaseInfo.from_state(self.state, span) if shows["phases"] else None
+            info = PhaseInfo.from_state(self.state, span, self.now()) if shows["phases"] else None
             device = DeviceInfo.from_state(self.state, span) if shows["resources"] else None
             host = HostInfo.from_state(self.state, span) if shows["resources"] else None
             model = ModelInfo.from_state(self.state, self.engine.cfg.memory_pressure) if shows["model"] else None

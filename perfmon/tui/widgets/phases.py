@@ -46,7 +46,7 @@ class PhaseInfo:
     extent: tuple[float, float] | None = None  # the fastest and slowest single step in the chart's span
 
     @classmethod
-    def from_state(cls, state: RunState, span_index: int = 0) -> PhaseInfo:
+    def from_state(cls, state: RunState, span_index: int = 0, now: float | None = None) -> PhaseInfo:
         """Derive the panel from ``state`` (call with the state lock held)."""
         label, seconds = SPANS[span_index % len(SPANS)]
         first_left_out = state.first_step_left_out() is not None
@@ -60,7 +60,7 @@ class PhaseInfo:
             since="since step 2" if first_left_out else "since start",
             span=label,
             device_timed=state.device_timed,
-            notes=notes_line(state),
+            notes=notes_line(state, now),
             ended=state.exit is not None,
             no_steps=no_steps(state),
         )
@@ -70,10 +70,11 @@ class PhaseInfo:
         return dict(self.recent if recent else self.total)
 
 
-def notes_line(state: RunState) -> str:
-    """Time outside training steps and closure evaluations, in words ("" when there is none)."""
+def notes_line(state: RunState, now: float | None = None) -> str:
+    """Time outside training steps and closure evaluations, in words ("" when there is none); ``now``: the
+    dashboard's clock (a replay's is the recording's time)."""
     parts = []
-    shares = state.outside_shares()
+    shares = state.outside_shares(now)
     if shares:
         kinds = ", ".join(f"{k} {fmt.share(v)}" for k, v in shares.items() if v >= 0.0005)  # shown as >= 0.1%
         if kinds:
