@@ -402,6 +402,33 @@ async def test_findings_expand_with_enter(tmp_path: Path) -> None:
         assert f"▸ ▲ critical {first.title}" in screen_text(app)
 
 
+async def test_findings_open_on_the_worst_unless_the_cursor_is_in_use(tmp_path: Path) -> None:
+    """A critical finding that came above the one first listed, while another view showed: the findings view
+    opened with the cursor on the row below it (Enter opened the info one). It opens on the worst; while the list
+    is read, the cursor stays on its finding."""
+    from perfmon.tui.widgets.findings import FindingRow, FindingsInfo
+
+    def row(id_: str, severity: str) -> FindingRow:
+        return FindingRow(id_, severity, id_, (), "fix", 0.0)
+
+    low, crit, warn = row("priority", "info"), row("cpu-contention", "critical"), row("step-instability", "warn")
+    app = make_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        panel = app.query_one(FindingsPanel)
+        app.update_findings = lambda: None  # type: ignore[method-assign]  # the engine's rows stay out of the way
+        panel.info = FindingsInfo(rows=(low,), evaluated=True)
+        panel.info = FindingsInfo(rows=(crit, low), evaluated=True)  # while the overview shows
+        await pilot.pause()
+        assert panel.list.highlighted == 0
+        panel.list.focus()
+        await pilot.pause()
+        panel.list.highlighted = 1  # the reader moved to the info one
+        panel.info = FindingsInfo(rows=(crit, warn, low), evaluated=True)
+        await pilot.pause()
+        assert panel.list.highlighted_option.id == "priority"
+
+
 async def test_header_badge_and_summary(tmp_path: Path) -> None:
     app = make_app(tmp_path, device="gpu", throttled=True)
     async with app.run_test(size=(120, 40)) as pilot:

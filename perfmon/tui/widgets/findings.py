@@ -208,10 +208,12 @@ class FindingsPanel(Vertical):
             for r in rows:
                 options.replace_option_prompt(r.id, self.prompt(r))
             return
+        # the cursor stays on its finding while someone reads the list; else on the worst, first (a critical one
+        # that came above the finding first highlighted was opened with the cursor on the row below it)
         current = options.highlighted_option.id if options.highlighted_option is not None else None
         options.set_options(Option(self.prompt(r), id=r.id) for r in rows)
         if rows:
-            options.highlighted = ids.index(current) if current in ids else 0
+            options.highlighted = ids.index(current) if current in ids and options.has_focus else 0
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
