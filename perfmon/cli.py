@@ -16,6 +16,7 @@ import argparse
 import math
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -369,6 +370,11 @@ def _attach(argv: list[str]) -> int:
     if outcome == "detached":
         print(f"perfmon: detached; training continues as pid {run['pid']}\n"
               f"  come back: perfmon attach {run['pid']}", file=sys.stderr)
+    elif outcome == "stopped" and paths.ignores_signal(int(run["pid"]), signal.SIGINT):
+        # not 30 s of waiting, then "the script may catch KeyboardInterrupt"
+        print(f"perfmon: pid {run['pid']} ignores SIGINT, as a job started in the background (cmd &) by a script or "
+              f"a non-interactive shell does: Ctrl-C cannot stop it, nor can this; kill {run['pid']} (SIGTERM) ends it",
+              file=sys.stderr)
     elif outcome == "stopped":
         print(f"perfmon: SIGINT sent to pid {run['pid']} through its agent (like Ctrl-C); waiting for it to end "
               f"(Ctrl-C stops waiting)", file=sys.stderr, flush=True)

@@ -119,6 +119,19 @@ def unusable_line(exc: RuntimeDirError, consequence: str) -> str:
     return f"perfmon: {exc}: not using it; {consequence} ({exc.fix})"
 
 
+def ignores_signal(pid: int, signum: int) -> bool:
+    """The process ignores ``signum`` (``SigIgn`` of /proc/PID/status: a job a script or a non-interactive shell
+    started in the background, ``cmd &``, ignores SIGINT); False where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 def pid_alive(pid: int) -> bool:
     """A process with this pid runs (another user's counts: it exists, we may not signal it). A zombie does not:
     a monitor killed with -9 whose parent never reaps it is gone for every purpose here."""

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -282,6 +283,30 @@ def test_a_script_whose_spawned_ranks_are_live_is_attached_as_their_job(tmp_path
     assert discovery.find_run("100") is parent and discovery.find_run("200") is other
 
 
+def test_the_pid_of_the_process_that_started_a_run_names_that_run(tmp_path, monkeypatch):
+    """`perfmon --headless train.py &` then `perfmon attach $!`: $! is perfmon's launcher, whose job is its child;
+    it said "pid N is not a perfmon run"."""
+    import psutil
+
+    launcher = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+    try:
+        proc = psutil.Process(launcher.pid)
+        deadline = time.monotonic() + 30
+        while not proc.children() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        job = {"pid": proc.children()[0].pid, "run_dir": str(tmp_path / "run"), "steps": 3}
+        monkeypatch.setattr(discovery, "live_runs", lambda: [job])
+        assert discovery.find_run(str(launcher.pid)) is job
+        monkeypatch.setattr(discovery, "live_runs", lambda: [])
+        with pytest.raises(discovery.AttachError, match="is not a perfmon run"):
+            discovery.find_run(str(launcher.pid))
+    finally:
+        for child in psutil.Process(launcher.pid).children():
+            child.kill()
+        launcher.kill()
+        launcher.wait()
+
+
 def test_spawned_ranks_are_followed_once_one_of_them_steps(tmp_path):
     from perfmon.analysis.job import STEPPING_TAIL, ranks_stepping
 
@@ -336,3 +361,23 @@ def test_default_run_dirs_chosen_in_one_second_are_each_their_own(tmp_path):
     first = default_run_dir("train.py", root=tmp_path, now=1e9, claim=True)
     second = default_run_dir("train.py", root=tmp_path, now=1e9, claim=True)
     assert first != second and first.is_dir() and second.is_dir() and second.name == first.name + "-2"
+
+
+def test_a_job_that_ignores_sigint_is_told_apart():
+    """A job started in the background by a script (`perfmon --headless train.py &`) ignores SIGINT: stopping it
+    from an attached dashboard waited 30 s, then blamed the script for catching KeyboardInterrupt."""
+    import signal
+
+    ignoring = subprocess.Popen([sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, "
+                                 "signal.SIG_IGN); print(1, flush=True); sys.stdin.read()"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    plain = subprocess.Popen([sys.executable, "-c", "import sys; print(1, flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert ignoring.stdout.readline() == plain.stdout.readline() == b"1\n"  # both past their setup
+        assert paths.ignores_signal(ignoring.pid, signal.SIGINT)
+        assert not paths.ignores_signal(plain.pid, signal.SIGINT) and not paths.ignores_signal(2**22 + 7, 2)
+    finally:
+        for p in (ignoring, plain):
+            p.kill()
+            p.communicate()  # and closes its pipes

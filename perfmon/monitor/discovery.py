@@ -101,6 +101,20 @@ def _spawned_job(run: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
     return None
 
 
+def _run_below(pid: int, runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The live run of a process that ``pid`` started, directly or not (None: none)."""
+    import psutil
+
+    try:
+        below = {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return None
+    for r in runs:
+        if int(r["pid"]) in below or any(int(k.get("pid", -1)) in below for k in r.get("ranks") or ()):
+            return r
+    return None
+
+
 def find_run(target: str | None) -> dict[str, Any]:
     """The live run named by a pid or a run dir (or the only live run); a rank's pid or dir, or a job's dir,
     names its whole job (an entry with ``ranks``)."""
@@ -128,6 +142,9 @@ def find_run(target: str | None) -> dict[str, Any]:
             if int(r["pid"]) == int(target):
                 return chosen(r)
         if paths.pid_alive(int(target)):
+            below = _run_below(int(target), runs)
+            if below is not None:  # perfmon's launcher (``perfmon --headless train.py &`` then ``$!``), a shell
+                return chosen(below)
             raise AttachError(f"pid {target} is not a perfmon run (start it with perfmon, or call perfmon.instrument())")
         ended = _ended_run(int(target))
         if ended is not None:
