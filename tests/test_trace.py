@@ -330,3 +330,32 @@ def test_a_window_whose_trace_was_dropped_reads_its_numbers_from_the_analysis(tm
     old = summarise_window(msg)
     assert old["top_ops"] == [] and "removed (--profile-keep)" in old["analysis_error"]
     assert not list(cache.parent.glob("*.tmp"))  # no temp file left behind
+
+
+def test_a_window_keeps_the_most_called_ops_beside_the_costliest(tmp_path):
+    """The ops view sorts by calls too: it re-sorted the 30 ops kept by self time, leaving out ops called more
+    often than any of them. An older analysis (schema 1) of a trace since dropped is still read."""
+    import shutil
+
+    from perfmon import paths
+    from perfmon.analysis.profile_window import TOP_N, summarise_window
+
+    traces = tmp_path / "run" / "traces"
+    traces.mkdir(parents=True)
+    trace = traces / "a100_8rank_recsys_rank3.json.gz"
+    shutil.copy(Path(__file__).parent / "data" / "gpu-traces" / trace.name, trace)
+    window = summarise_window({"type": "profile", "step": 10, "active_steps": 3, "device": "cuda",
+                               "trace": str(trace), "t": 1.0})
+    ops = window["top_ops"]
+    by_time = sorted(ops, key=lambda o: o["self_ms"], reverse=True)
+    assert ops == by_time and TOP_N < len(ops) <= 2 * TOP_N  # costliest first, as before, and more of them
+    extra = ops[TOP_N:]  # kept for their calls: each called more than the least called of the costliest 30
+    assert min(o["calls"] for o in extra) >= min(o["calls"] for o in ops[:TOP_N])
+    cache = paths.trace_analysis(trace)
+    old = json.loads(cache.read_text())
+    cache.write_text(json.dumps({**old, "schema": 1, "top_ops": old["top_ops"][:3]}))
+    trace.unlink()  # dropped by --profile-keep: the older analysis is all there is
+    again = summarise_window({"type": "profile", "step": 10, "active_steps": 3, "device": "cuda",
+                              "trace": str(trace), "t": 1.0})
+    assert [op["name"] for op in again["top_ops"]] == [op["name"] for op in ops[:3]]
+    assert "analysis_error" not in again

@@ -24,9 +24,11 @@ from perfmon import paths
 from perfmon.analysis.trace import TraceError, analyse_trace
 from perfmon.messages import ProfileWindow
 
-#: Rows kept per window (ops, and kernels on a GPU).
+#: Rows kept per window (ops, and kernels on a GPU), per sort the ops view offers (self time, calls).
 TOP_N = 30
-CACHE_SCHEMA = 1
+#: 2: the top ops by calls kept beside those by self time (1 kept the self-time ones alone: the view's "calls"
+#: sort re-sorted them, without the most called ops)
+CACHE_SCHEMA = 2
 
 
 def summarised(messages: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -67,8 +69,8 @@ def _analysis(trace: Path) -> dict[str, Any]:
     cache = paths.trace_analysis(trace)
     try:
         cached = json.loads(cache.read_text())
-        if cached.get("schema") == CACHE_SCHEMA:
-            return cached
+        if cached.get("schema") == CACHE_SCHEMA or (cached.get("schema") == 1 and not trace.exists()):
+            return cached  # an older one where the trace is gone: what was kept is all there is
         if not trace.exists():  # dropped by --profile-keep: what was cached is all there is
             return {"error": f"the trace was removed (--profile-keep) and its analysis is from another perfmon "
                              f"(schema {cached.get('schema')})"}
@@ -80,7 +82,6 @@ def _analysis(trace: Path) -> dict[str, Any]:
         return {"error": str(exc)}
     out = full.to_json()
     out["ops_total"] = full.facts.ops_total
-    out["top_ops"] = out["top_ops"][:TOP_N]
     out["top_kernels"] = out["top_kernels"][:TOP_N]
     out["schema"] = CACHE_SCHEMA
     try:  # a read-only run dir (someone else's recording) just means no cache

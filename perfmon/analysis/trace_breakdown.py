@@ -252,9 +252,14 @@ def window(ev: TraceEvents) -> tuple[list[DeviceEvent], list[HostEvent], list[Ho
     return kernels, [o for o in ev.ops if o.start < cutoff], runtime
 
 
-def _top(totals: dict[str, float], counts: Counter[str]) -> tuple[Stat, ...]:
-    ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_N]
-    return tuple(Stat(name, us, counts[name]) for name, us in ranked)
+def _top(totals: dict[str, float], counts: Counter[str], most_called: bool = False) -> tuple[Stat, ...]:
+    """The TOP_N by time, costliest first; ``most_called``: and, in the same order, the TOP_N most called (the ops
+    view sorts by calls too)."""
+    ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+    keep = {name for name, _ in ranked[:TOP_N]}
+    if most_called:
+        keep |= set(sorted(totals, key=lambda name: (-counts[name], name))[:TOP_N])
+    return tuple(Stat(name, us, counts[name]) for name, us in ranked if name in keep)
 
 
 def facts(ev: TraceEvents) -> TraceFacts:
@@ -285,7 +290,7 @@ def facts(ev: TraceEvents) -> TraceFacts:
         syncs=syncs,
         syncs_per_step=syncs_per_step,
         span_us=span,
-        top_ops=_top(by_op, counts),
+        top_ops=_top(by_op, counts, most_called=True),
         op_basis=basis,
         op_total_us=sum(by_op.values()),
         ops_total=len(by_op),
