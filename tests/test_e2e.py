@@ -1402,6 +1402,30 @@ def test_a_crash_leaves_its_output_traceback_and_summary_in_the_terminal_once_th
         subprocess.run([*tmux, "kill-server"], capture_output=True)
 
 
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux to run the dashboard in a terminal")
+def test_a_script_that_fails_before_its_first_step_leaves_the_dashboard_at_once(env, tmp_path):
+    """A typo, a missing config file: the dashboard opened on a job with nothing to show and waited for q; plain
+    python prints the traceback and returns. perfmon closes it and leaves the terminal as python would."""
+    script, run = tmp_path / "typo.py", tmp_path / "run"
+    script.write_text('print("loading config", flush=True)\nopen("config.yaml")\n')
+    tmux = ["tmux", "-S", str(tmp_path / "tmux.sock")]
+    subprocess.run([*tmux, "new-session", "-d", "-s", "pm", "-x", "120", "-y", "40",
+                    f"cd {tmp_path} && {' '.join(PERFMON)} --run-dir {run} {script}; echo rc=$?; sleep 60"],
+                   env=env, check=True)
+    try:
+        text = wait_for(lambda: "rc=" in (t := subprocess.run([*tmux, "capture-pane", "-p", "-t", "pm"],
+                                                             capture_output=True, text=True).stdout) and t,
+                        "perfmon's exit, with no key pressed")
+        lines = [line for line in text.splitlines() if line.strip()]
+        assert lines[0] == "loading config" and lines[1] == "Traceback (most recent call last):", text
+        assert "FileNotFoundError: [Errno 2] No such file or directory: 'config.yaml'" in lines, text
+        flat = "".join(text.splitlines())  # the last line may wrap, with a long temporary path
+        assert flat.endswith(f"FileNotFoundError: [Errno 2] No such file or directory: 'config.yaml'perfmon: failed: "
+                             f"FileNotFoundError; run dir {run}rc=1"), text  # no summary: there is no step
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
 #: Exceptions that pass through perfmon's wrappers on their way up: a forward raising in a thread (python's own
 #: ``threading.excepthook`` prints it, in C), signals a script sends itself (through the ``os.kill`` stand-in), and an
 #: uncaught Ctrl-C, which python hands to ``sys.excepthook`` like any other exception.

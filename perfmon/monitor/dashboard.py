@@ -82,7 +82,7 @@ def run_dashboard(proc: TrainingProcess, rules: Config | None = None, exports: A
     shown = print_output_tail(proc.run_dir, proc.combined_output, sys.stdout, sys.stderr, traceback)
     if traceback and traceback.rstrip("\n").rsplit("\n", 1)[-1] not in shown:
         sys.stderr.write(traceback if traceback.endswith("\n") else traceback + "\n")
-    if summary is not SUMMARY_FAILED:
+    if summary is not SUMMARY_FAILED and state.steps:  # without a step, the status line below says it all
         print_summary(lambda: format_summary(state, summary), proc.run_dir, sys.stderr)
     print(f"perfmon: {state.status}; run dir {proc.run_dir}", file=sys.stderr)
     hint = stdin_hint(state.exit.exception if state.exit else None)
