@@ -422,7 +422,7 @@ def test_the_engine_is_settled_once_a_holding_finding_would_have_shown():
 
 def test_config_from_toml(tmp_path):
     path = tmp_path / "rules.toml"
-    path.write_text('disabled = ["priority"]\n[thresholds]\ndata-warn = 0.5\n')
+    path.write_text('disabled = ["priority"]\n[thresholds]\ndata-warn = 0.5\ndata_critical = 0.6\n')
     cfg = Config.from_toml(path)
     assert cfg.data_warn == 0.5 and "priority" not in ids(make_state(data=2), cfg)
     assert "input-bound" not in ids(make_state(data=2), cfg)
@@ -511,6 +511,10 @@ def test_loader_cpu_bound_never_contradicts_its_evidence(host, fires):
     ("fp32_gemm_share = 0.4", "'fp32_gemm_share' is no longer a setting: no-mixed-precision comes from"),
     ("first_step_ratio = 5.0", "'first_step_ratio' is no longer a setting"),
     ("thresholds = 3", "'thresholds' wants a table"),
+    ("data_warn = -1", r"data_warn wants a number >= 0 \(default 0.1\), got -1"),
+    ("spike_ratio = nan", "spike_ratio wants a number >= 0"),
+    ("[thresholds]\ndata_warn = 0.3\ndata_critical = 0.2", r"data_critical \(0.2\) is below data_warn \(0.3\)"),
+    ("straggler_critical = 0.05", r"straggler_critical \(0.05\) is below straggler_warn \(0.1\)"),  # the default
 ])
 def test_config_wrong_types_are_refused_not_silently_disabling(tmp_path, text, error):
     path = tmp_path / "rules.toml"

@@ -111,8 +111,16 @@ class Config:
                     isinstance(default, int) and not isinstance(default, bool) and not isinstance(value, int)):
                 want = "an integer" if isinstance(default, int) else "a number"
                 raise ValueError(f"{key} wants {want} (default {default!r}), got {value!r}")
+            if not math.isfinite(value) or value < 0:  # a negative share or nan fires a rule always, or never
+                raise ValueError(f"{key} wants a number >= 0 (default {default!r}), got {value!r}")
             values[key] = value
-        return cls(**values)
+        cfg = cls(**values)
+        for name in known:
+            critical = name.removesuffix("_warn") + "_critical"
+            if name.endswith("_warn") and critical in known and getattr(cfg, critical) < getattr(cfg, name):
+                raise ValueError(f"{critical} ({getattr(cfg, critical)!r}) is below {name} ({getattr(cfg, name)!r}): "
+                                 "a finding would be critical before it warns")
+        return cfg
 
 
 #: Settings earlier versions accepted that never changed a finding: refused with the reason, not ignored.
