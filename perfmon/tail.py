@@ -29,6 +29,11 @@ def hold(path: Path) -> None:
         pass
 
 
+def available(path: Path) -> bool:
+    """``path`` can be tailed here: it exists, or this process holds it (made by its launcher)."""
+    return os.path.abspath(path) in _held or Path(path).exists()
+
+
 def _let_go() -> None:
     while _held:
         _, f = _held.popitem()

@@ -649,6 +649,25 @@ async def test_every_view_by_number_key(tmp_path: Path, size: tuple[int, int]) -
             assert {p for p in ALL if shown(app, p)} == {"phases", "log"}
 
 
+@pytest.mark.parametrize("captured", [True, False])
+async def test_an_output_panel_without_output_files_says_why(tmp_path: Path, captured: bool) -> None:
+    """Attached to a perfmon.instrument() run, whose output goes to its own terminal, the panel was silently
+    empty, as if the script printed nothing."""
+    from perfmon.tui.workers import NOT_CAPTURED
+
+    app = make_app(tmp_path, output=captured)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(pilot)
+        await pilot.press("6")
+        log = app.query_one(LogPanel).log_widget
+        if captured:
+            await wait_until(pilot, lambda: "training done" in log.lines)
+            assert NOT_CAPTURED not in log.lines
+        else:
+            await wait_until(pilot, lambda: NOT_CAPTURED in log.lines)
+            assert "is not captured in this run" in screen_text(app)
+
+
 async def test_view_focus_and_log_tail(tmp_path: Path) -> None:
     app = make_app(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:

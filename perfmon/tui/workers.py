@@ -19,7 +19,7 @@ from perfmon.analysis.job import JobState
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import Source
-from perfmon.tail import OUTPUT_LINES, OutputTail
+from perfmon.tail import OUTPUT_LINES, OutputTail, available
 
 COALESCE_S = 1.0  # state changes are posted at most this often: the dashboard redraws about once a second
 OUTPUT_S = 1.0  # new output lines at most this often: each write lays the screen out again
@@ -102,6 +102,10 @@ def wait_for_exit(process: TrainingProcessLike, state: RunState | JobState, lock
     post(ProcessExited(code))
 
 
+#: The panel's one line where the run dir holds no output: a ``perfmon.instrument()`` run's goes to its own stdout.
+NOT_CAPTURED = ("[perfmon] the script's output is not captured in this run: it goes where the job's stdout and stderr "
+                "go (a perfmon.instrument() run; perfmon SCRIPT captures it)")
+
 #: ANSI cursor up: a line that ends with it was drawn below another that is redrawn next (nested progress bars)
 CURSOR_UP = "\x1b[A"
 
@@ -118,7 +122,10 @@ def tail_output(run_dir: Callable[[], Any], post: Post, stop: threading.Event,
     while not tails:
         where = run_dir()
         if where:
-            tails = [OutputTail(Path(where) / name) for name in (paths.OUTPUT_LOG, paths.STDERR_LOG)]
+            files = [Path(where) / name for name in (paths.OUTPUT_LOG, paths.STDERR_LOG)]
+            tails = [OutputTail(path) for path in files]
+            if not any(available(path) for path in files):  # said, not an empty panel that looks like no output
+                post(OutputLines([NOT_CAPTURED]))
         elif job_over.is_set() or stop.wait(POLL_S):
             return
     pending: list[str] = []
