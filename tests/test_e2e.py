@@ -2159,6 +2159,19 @@ def test_usage_errors_exit_2_with_one_line(env, tmp_path, args):
     assert not run.exists(), "a usage error must not leave a run dir behind"
 
 
+def test_a_folder_with_a_main_runs_as_under_plain_python(env, tmp_path):
+    """``python pkgdir`` runs pkgdir/__main__.py with the folder first on sys.path; perfmon refused the folder."""
+    (tmp_path / "pkgdir").mkdir()
+    (tmp_path / "pkgdir" / "helper.py").write_text("X = 5\n")
+    (tmp_path / "pkgdir" / "__main__.py").write_text(
+        "import os, sys\nimport helper\nprint(__name__, sys.argv[1:], os.path.basename(sys.argv[0]), sys.path[0], "
+        "helper.X)\nsys.exit(3)\n")
+    plain = subprocess.run([sys.executable, "pkgdir", "a", "b"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    res = perfmon(["--headless", "--run-dir", str(tmp_path / "run"), "pkgdir", "a", "b"], env, cwd=tmp_path)
+    assert plain.stdout == f"__main__ ['a', 'b'] pkgdir {tmp_path / 'pkgdir'} 5\n" and plain.returncode == 3
+    assert res.stdout == plain.stdout and res.returncode == 3, res.stderr
+
+
 def test_torchrun_help_says_how_torchrun_mode_is_used(env, tmp_path):
     """``perfmon torchrun --help`` was a usage error ("no training script given")."""
     res = perfmon(["torchrun", "--help"], env, cwd=tmp_path)

@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     else:
         script, rest = argv[0], argv[1:]
         target = script
-        if not os.path.isfile(script):
+        if not (os.path.isfile(script) or os.path.isfile(os.path.join(script, "__main__.py"))):
             print(f"perfmon: error: can't open file {script!r}: No such file", file=sys.stderr)
             return 2
         if not os.access(script, os.R_OK):

@@ -158,8 +158,8 @@ def check_target(target: Target, python: str | None) -> None:
         path = Path(target.script)
         if not path.exists():
             raise LaunchError(f"can't open file '{target.script}': No such file or directory")
-        if path.is_dir():
-            raise LaunchError(f"'{target.script}' is a directory, not a Python script")
+        if path.is_dir() and not (path / "__main__.py").is_file():  # with one, python runs the folder: so do we
+            raise LaunchError(f"can't find '__main__' module in '{target.script}' (a directory, not a Python script)")
         if not os.access(path, os.R_OK):
             raise LaunchError(f"can't read file '{target.script}': Permission denied")
     elif target.module is not None and python is None:
