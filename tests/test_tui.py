@@ -172,7 +172,7 @@ async def test_a_line_longer_than_the_panel_ends_in_an_ellipsis_until_scrolled_t
         log = app.query_one(LogPanel).log_widget
         long_line = "UserWarning: slow batch at step " + "3" * 30 + " of epoch 12 " + "x" * 40
         with open(app.run_dir / "output.log", "a") as f:
-            f.write(f"short line\n{long_line}\n")
+            f.write(f"short line\n\n{long_line}\n")  # a blank line between: nothing to cut on either side
         await wait_until(pilot, lambda: long_line in log.lines)
         await pilot.pause()
         width = log.scrollable_content_region.width
@@ -188,6 +188,9 @@ async def test_a_line_longer_than_the_panel_ends_in_an_ellipsis_until_scrolled_t
         await pilot.pause()
         row = shown("x" * 10)
         assert row.rstrip(" │").endswith("x" * 40) and "…" + long_line[len(long_line) - width + 1:] in row, row
+        rows = screen_text(app).splitlines()
+        blank = rows[rows.index(row) - 1]
+        assert "…" not in blank, blank  # scrolled sideways, the blank line showed one
 
 
 async def test_a_progress_bar_redrawn_on_one_line_shows_before_its_line_ends(tmp_path: Path) -> None:

@@ -77,7 +77,8 @@ class OutputLog(Log):
         row = scroll_y + y
         if width < 3 or row >= len(lines):
             return strip
-        left, right = scroll_x > 0 and bool(lines[row]), cell_len(lines[row]) > scroll_x + width
+        # text cut on the left: a blank line (kept as one space) hides nothing there, and shows no …
+        left, right = scroll_x > 0 and bool(lines[row][:scroll_x].strip()), cell_len(lines[row]) > scroll_x + width
         if not (left or right):
             return strip
         more = Strip([Segment("…", self.get_component_rich_style("outputlog--more"))], 1)
