@@ -843,6 +843,17 @@ def test_the_header_says_when_the_job_has_gone_quiet_instead_of_its_last_rate(ga
     assert HeaderInfo.from_state(st, now=1005.0 + gap).steps_s == "10.0"  # over: its rate stands
 
 
+def test_one_long_step_does_not_hide_the_job_going_quiet_later():
+    """A 12 s step (a pause at an epoch's end) made "quiet" wait for 24 s of no step, however fast the others."""
+    st = RunState()
+    st.apply(protocol.message("hello", seq=1, script="x", start=1000.0))
+    rows = [[i, 1000.0 + i / 10 + (12.0 if i > 20 else 0.0), 12000.0 if i == 21 else 100.0, 0, 50.0, 40.0, 10.0, 0,
+             32] for i in range(1, 101)]
+    st.apply(protocol.message("steps", fields=list(protocol.STEP_FIELDS), seq=2, rows=rows))
+    last = rows[-1][1]
+    assert st.quiet_for(last + 8.0) == pytest.approx(8.0) and st.quiet_for(last + 3.0) is None
+
+
 def test_a_quiet_jobs_header_at_80_columns_keeps_its_elapsed_time_over_an_unknown_sample_rate():
     """"steps/s — (no step for 0:00:11)" is long: at 80 columns "samples/s —" (nothing known) gives way, not the
     elapsed time ("elap…")."""
