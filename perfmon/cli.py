@@ -588,6 +588,9 @@ def _main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("ls", "attach", "replay", "serve"):
         return {"ls": _ls, "attach": _attach, "replay": _replay, "serve": _serve}[argv[0]](argv[1:])
     opts, rest = _split(argv)
+    if "--run-dir" in opts[:-1] and (word := opts[opts.index("--run-dir") + 1]).endswith(".py") and os.path.isfile(word):
+        # the folder left out: argparse would say "unrecognized arguments" of the script's own options
+        _run_parser().error(f"--run-dir takes a folder, and {word} is a script: perfmon --run-dir DIR {word} ...")
     args = _run_parser().parse_args(opts)
     if args.module is None and rest and _is_python(rest[0]):
         rest = _strip_python(args, rest)  # `perfmon python train.py`, as one types `nsys profile python train.py`

@@ -2159,6 +2159,14 @@ def test_usage_errors_exit_2_with_one_line(env, tmp_path, args):
     assert not run.exists(), "a usage error must not leave a run dir behind"
 
 
+def test_a_script_given_as_the_run_dir_is_named(env):
+    """``perfmon --run-dir train.py --epochs 1`` (the folder left out): "unrecognized arguments: --epochs"."""
+    res = perfmon(["--headless", "--run-dir", "demos/loops/crash.py", "--epochs", "1"], env)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("perfmon: error: --run-dir takes a folder, and demos/loops/crash.py is a script: "
+                                 "perfmon --run-dir DIR demos/loops/crash.py ..."), res.stderr
+
+
 def test_a_folder_with_a_main_runs_as_under_plain_python(env, tmp_path):
     """``python pkgdir`` runs pkgdir/__main__.py with the folder first on sys.path; perfmon refused the folder."""
     (tmp_path / "pkgdir").mkdir()
