@@ -175,6 +175,10 @@ class Tail:
         return rest
 
 
+#: ANSI cursor up: a line that ends with it was drawn below another that is redrawn next (nested progress bars:
+#: tqdm's), a redraw, not a line of the log
+CURSOR_UP = "\x1b[A"
+
 #: Lines of the script's output a reader keeps (the dashboard's log panel holds no more).
 OUTPUT_LINES = 5000
 

@@ -141,7 +141,7 @@ def quiet_for(store: Store, now: float) -> float | None:
     gap = now - store.last_end
     rate = steps_per_s(store)
     durs = sorted(s.dur for s in store.recent)
-    long_step = durs[int(0.95 * (len(durs) - 1))] / 1000.0 if durs else 0.0
+    long_step = _quantile(durs, 0.95) / 1000.0 if durs else 0.0
     period = max(1.0 / rate if rate else 0.0, long_step)
     return gap if gap > max(QUIET_MIN_S, 2 * period) else None
 

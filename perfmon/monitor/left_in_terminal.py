@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import TextIO
 
 from perfmon import paths
-from perfmon.tail import Tail
+from perfmon.tail import CURSOR_UP, Tail
 
 #: Lines of each stream left in the terminal; the rest is named by its file.
 LINES = 20
 #: How far back from a file's end its last lines are looked for (a tqdm line of redraws can be long).
 NEAR_END = 64 * 1024
-#: ANSI cursor up: the redraw of a nested progress bar, not a line of the log (as the dashboard's panel reads it)
-_CURSOR_UP = b"\x1b[A"
+_CURSOR_UP = CURSOR_UP.encode()  # a nested progress bar's redraw, left out as the dashboard's panel does
 
 
 def last_lines(path: Path, count: int = LINES) -> tuple[list[str], bool]:

@@ -150,14 +150,6 @@ class DashboardShell(App[None]):
         """The time the dashboard shows: the replay clock in a paced replay, else the wall clock."""
         return self.mode.now(self.clock)
 
-    def _failed_before_a_step(self) -> bool:
-        """The job this dashboard launched failed before its first step: there is nothing to watch, and the
-        terminal it leaves holds the script's output and traceback (a single process; ranks have their own)."""
-        with self.lock:
-            state = self.state
-            return (self.process is not None and self.job is None and not state.spawned and state.steps == 0
-                    and state.exit is not None and state.exit_status not in (0, None))
-
     def finish(self, outcome: str) -> None:
         """Leave the dashboard with ``outcome``."""
         self._outcome = outcome
@@ -238,6 +230,10 @@ class DashboardShell(App[None]):
             launched = self.process is not None and not getattr(self.process, "inherit_stdin", True)
             hint = stdin_hint(exception) if launched else None
             cuda = self.state.meta.cuda is True
+            # the job this dashboard launched failed before its first step: nothing to watch, and the terminal it
+            # leaves holds the script's output and traceback (a single process; ranks have their own)
+            failed_early = (self.process is not None and self.job is None and not self.state.spawned
+                            and self.state.steps == 0 and self.state.exit_status not in (0, None))
         self.query_one(RunHeader).info = header
         if info is not None:
             phases.info = info
@@ -265,7 +261,7 @@ class DashboardShell(App[None]):
             self._job_over.set()
             if isinstance(self.screen, QuitScreen):  # asked to quit while it ran: the question is moot now
                 self.finish(QUIT)
-            elif self._failed_before_a_step():  # a typo, a missing file: its traceback, as plain python leaves it
+            elif failed_early:  # a typo, a missing file: its traceback, as plain python leaves it
                 self.finish(QUIT)
 
     def _header_info(self) -> HeaderInfo:

@@ -19,7 +19,7 @@ from perfmon.analysis.job import JobState
 from perfmon.analysis.profile_window import summarised
 from perfmon.analysis.state import RunState
 from perfmon.monitor.sources import Source
-from perfmon.tail import OUTPUT_LINES, OutputTail, available
+from perfmon.tail import CURSOR_UP, OUTPUT_LINES, OutputTail, available
 
 COALESCE_S = 1.0  # state changes are posted at most this often: the dashboard redraws about once a second
 OUTPUT_S = 1.0  # new output lines at most this often: each write lays the screen out again
@@ -106,8 +106,6 @@ def wait_for_exit(process: TrainingProcessLike, state: RunState | JobState, lock
 NOT_CAPTURED = ("[perfmon] the script's output is not captured in this run: it goes where the job's stdout and stderr "
                 "go (a perfmon.instrument() run; perfmon SCRIPT captures it)")
 
-#: ANSI cursor up: a line that ends with it was drawn below another that is redrawn next (nested progress bars)
-CURSOR_UP = "\x1b[A"
 
 
 def tail_output(run_dir: Callable[[], Any], post: Post, stop: threading.Event,
